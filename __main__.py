@@ -1,0 +1,5 @@
+import sys
+
+from metroline.cli import main
+
+sys.exit(main())

@@ -1,0 +1,204 @@
+"""The `metroline` command: `run` a workload under a policy, list `plugins` and `workloads`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+RUN_KEYS = (
+    "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
+    "max_requests", "groups", "oracle_lengths", "traces_dir",
+)
+"""Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", help="base policy: a shipped name, an entry point or pkg.mod:Obj (default fcfs)")
+    p.add_argument("--plugin", action="append", default=None, metavar="SPEC",
+                   help="stack a plugin on the policy (repeatable; later ones take precedence)")
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-batched-tokens", type=int, dest="max_num_batched_tokens")
+    p.add_argument("--max-prefill-chunk", type=int)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--swap-space-blocks", type=int)
+    p.add_argument("--no-prefix-sharing", action="store_true", default=None)
+    p.add_argument("--preemption", choices=("recompute", "swap"), dest="preemption_mode")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--config", metavar="PATH", help="TOML or JSON file of EngineConfig fields, plugin "
+                   "options ([plugin_options.NAME]) and run options ([run]); flags override it")
+    p.add_argument("--debug", action="store_true", default=None, help="log every request transition")
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json file")
+    p.add_argument("--executor", choices=("sim",), help="sim: the simulated executor (default)")
+    p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"))
+    p.add_argument("--step-time", type=float, help="seconds per step of the steps cost model (default 0.01)")
+    p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
+                   help="a cost model parameter, e.g. gpu=H100 or path=steps.csv (repeatable)")
+    p.add_argument("--rate-scale", type=float)
+    p.add_argument("--length-scale", type=float)
+    p.add_argument("--max-requests", type=int)
+    p.add_argument("--groups", type=int, help="number of groups of the mixed-64 workload")
+    p.add_argument("--oracle-lengths", action="store_true", default=None,
+                   help="let policies see each request's true output length (the results say so)")
+    p.add_argument("--traces-dir", help="folder of the trace files (default: ../shared/traces)")
+    p.add_argument("--json", metavar="PATH", help="write the result document")
+    p.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
+    p.add_argument("--steps-csv", metavar="PATH", help="write one row per step")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metroline", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
+    _engine_flags(run)
+    _run_flags(run)
+    plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
+    _engine_flags(plugins)
+    sub.add_parser("workloads", help="list the built-in workloads")
+    return parser
+
+
+def _parse_value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """Merge defaults, the `--config` file and the flags into (EngineConfig, run options)."""
+    from .core.config import EngineConfig, load_config_file
+
+    fields: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    if args.config:
+        data = load_config_file(args.config)
+        run.update(data.pop("run", {}) or {})
+        fields.update(data)
+    for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
+                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug"):
+        value = getattr(args, key, None)
+        if value is not None:
+            fields[key] = value
+    if getattr(args, "plugin", None):
+        fields["plugins"] = [*fields.get("plugins", []), *args.plugin]
+    if getattr(args, "no_prefix_sharing", None):
+        fields["enable_prefix_caching"] = False
+    if fields.get("preemption_mode") == "swap" and not fields.get("swap_space_blocks"):
+        fields["swap_space_blocks"] = fields.get("num_blocks", EngineConfig.model_fields["num_blocks"].default)
+    unknown = set(run) - set(RUN_KEYS)
+    if unknown:
+        raise ValueError(f"{args.config}: unknown key(s) in [run]: {', '.join(sorted(unknown))}; valid: {', '.join(RUN_KEYS)}")
+    for key in RUN_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            run[key] = value
+    params = dict(run.get("cost_params") or {})
+    for item in getattr(args, "cost_param", None) or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--cost-param {item!r}: expected KEY=VALUE")
+        params[key] = _parse_value(value)
+    if run.get("step_time") is not None:
+        params["step_time"] = run["step_time"]
+    run["cost_params"] = params
+    return EngineConfig.model_validate(fields), run
+
+
+def make_executor(run: dict[str, Any]) -> Any:
+    from .executors.cost_models import make_cost_model
+    from .executors.simulated import SimulatedExecutor
+
+    executor = run.get("executor", "sim")
+    if executor != "sim":
+        raise ValueError(f"unknown executor {executor!r}; valid: sim")
+    name = run.get("cost_model", "steps")
+    params = dict(run.get("cost_params") or {})
+    if name != "steps":
+        params.pop("step_time", None)
+    return SimulatedExecutor(make_cost_model(name, **params))
+
+
+def make_workload(run: dict[str, Any], seed: int) -> Any:
+    from .core.workloads import build_workload
+
+    return build_workload(
+        run.get("workload", "chat"), seed=seed, rate_scale=run.get("rate_scale", 1.0),
+        length_scale=run.get("length_scale", 1.0), max_requests=run.get("max_requests"),
+        groups=run.get("groups"), traces_dir=run.get("traces_dir"),
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .core import report
+    from .core.runner import run_workload
+
+    config, run = resolve_options(args)
+    workload = make_workload(run, config.seed)
+    doc, engine = run_workload(
+        workload, config, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
+        progress=args.progress,
+    )
+    print(report.format_summary_table(doc))
+    if args.json:
+        report.write_json(args.json, doc)
+    if args.requests_csv:
+        report.write_requests_csv(args.requests_csv, engine.metrics.requests)
+    if args.steps_csv:
+        report.write_steps_csv(args.steps_csv, engine.metrics.steps)
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from importlib.metadata import entry_points
+
+    from .core.plugins import ENTRY_POINT_GROUP, SHIPPED, PluginManager
+
+    config, _ = resolve_options(args)
+    manager = PluginManager(config)
+    print("loaded plugins (highest precedence first):")
+    for name, hooks in manager.describe():
+        print(f"  {name:<16} {', '.join(hooks)}")
+    print("shipped:", ", ".join(SHIPPED))
+    eps = [f"{ep.name} ({ep.value})" for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    print("entry points:", ", ".join(eps) if eps else "none")
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    from .core.workloads import BUILTIN_WORKLOADS
+
+    for name, description in BUILTIN_WORKLOADS.items():
+        print(f"{name:<14} {description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["run"]
+    args = parser.parse_args(argv)
+    commands = {"run": cmd_run, "plugins": cmd_plugins, "workloads": cmd_workloads}
+    from .core.errors import PluginError
+
+    try:
+        return commands[args.command or "run"](args)
+    except (ValidationError, ValueError, PluginError, OSError) as exc:
+        print(f"metroline: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""`StepContext`: what every hook can see of the engine, without being able to change it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..kv_backends.block_pool import BlockPool
+    from .config import EngineConfig
+    from .sequence import Sequence
+
+
+class StepContext:
+    """One long-lived object per engine, updated in place at every step (no per-step allocation).
+
+    Plugin authors read, never write:
+
+    - `now`: the engine clock at the start of the step (virtual seconds in simulation)
+    - `step`: the step number (1 for the first step)
+    - `config`: the `EngineConfig`
+    - `running`, `waiting`, `swapped`: ordered collections of sequences (running in admission
+      order, waiting and swapped in the order they got there); support `len`, `in` and iteration
+    - `num_free_blocks()`: KV blocks allocatable now (free and evictable cached ones)
+    - `block_size`, `num_blocks`
+    """
+
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "_pool")
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: BlockPool,
+        running: dict[Sequence, None],
+        waiting: dict[Sequence, None],
+        swapped: dict[Sequence, None],
+    ) -> None:
+        self.now = 0.0
+        self.step = 0
+        self.config = config
+        self.running = running.keys()
+        self.waiting = waiting.keys()
+        self.swapped = swapped.keys()
+        self._pool = pool
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def block_size(self) -> int:
+        return self._pool.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self._pool.num_blocks
+
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free_blocks()
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return -(-num_tokens // self._pool.block_size)

@@ -1,0 +1,57 @@
+"""The defaults every engine registers first (lowest precedence), so that a policy only implements
+the hooks it cares about.
+
+- `admission`: waiting and swapped sequences in the order they got there (head-of-line);
+- `select_victim`: for a running requester, the running sequence admitted last; never preempts a
+  running sequence for a waiting one;
+- `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
+  at `max_prefill_chunk`;
+- `order_running`: admission order;
+- `sample`: stand-in tokens in simulation; otherwise `metroline.core.sampling.sample_rows`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from .budget import Split
+from .context import StepContext
+from .hookspecs import hookimpl
+from .sequence import SeqState, Sequence
+
+
+def stand_in_token(seq: Sequence) -> int:
+    """A deterministic token for simulation: distinct across sequences and positions, never 0."""
+    return 1 + (seq.arrival_no * 7919 + seq.index * 104729 + len(seq.token_ids) * 31) % 30000
+
+
+class DefaultPolicy:
+    name = "defaults"
+
+    @hookimpl(trylast=True)
+    def admission(self, ctx: StepContext) -> Any:
+        return itertools.chain(list(ctx.swapped), list(ctx.waiting))
+
+    @hookimpl(trylast=True)
+    def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
+        if requester.state is not SeqState.RUNNING:
+            return None
+        return max(ctx.running, key=lambda s: s.admitted_seq_no)
+
+    @hookimpl(trylast=True)
+    def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:
+        decode = min(budget, num_decoding)
+        return Split(decode, budget - decode, ctx.config.prefill_chunk)
+
+    @hookimpl(trylast=True)
+    def order_running(self, running: list[Sequence]) -> list[Sequence]:
+        return running
+
+    @hookimpl(trylast=True)
+    def sample(self, seqs: list[Sequence], logits: Any) -> list[int]:
+        if logits is None:
+            return [stand_in_token(s) for s in seqs]
+        from .sampling import sample_rows
+
+        return sample_rows(seqs, logits)

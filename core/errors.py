@@ -1,0 +1,17 @@
+"""Errors the engine raises on behalf of plugins."""
+
+from __future__ import annotations
+
+
+class PluginError(RuntimeError):
+    """A plugin raised, or gave an invalid answer to, a hook. Names the plugin and the hook."""
+
+    def __init__(self, plugin: str, hook: str, problem: str) -> None:
+        super().__init__(f"plugin {plugin!r}, hook {hook!r}: {problem}")
+        self.plugin = plugin
+        self.hook = hook
+        self.problem = problem
+
+
+class PluginLoadError(ValueError):
+    """A plugin could not be found, imported or configured."""

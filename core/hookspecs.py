@@ -1,0 +1,152 @@
+"""Every hook a metroline plugin can implement, specified in one place.
+
+A plugin is a plain object (a module, or an instance of a class) whose methods are marked with
+`@hookimpl` and named like the functions below. Implement only the hooks you need; a hook's
+arguments are passed by name, so an implementation may accept any subset of them.
+
+Decision hooks are `firstresult`: plugins are called newest-registered first (a plugin stacked on a
+base policy runs before it), and the first answer that is not None wins. A `wrapper=True`
+implementation sees the answer of the ones below it (`result = yield`) and may return a changed one,
+which is how a platform plugin filters or adjusts a base policy.
+
+Each hook is called a bounded number of times per step, with batches: observers receive every
+sequence that changed state in the step in one call. An invalid answer (a victim that is not
+running, a budget above the total, a token row of the wrong length, ...) or an exception raised by a
+plugin stops the engine with a `PluginError` that names the plugin and the hook.
+
+`ctx` is the `StepContext` of the engine: `ctx.now`, `ctx.step`, `ctx.config`, `ctx.running`,
+`ctx.num_waiting`, `ctx.num_free_blocks()`, ... (see `core/context.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .budget import Split
+    from .context import StepContext
+    from .plan import StepPlan
+    from .preemption import Preempt
+    from .sequence import Sequence
+
+PROJECT = "metroline"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def admission(ctx: StepContext) -> Iterable[Sequence] | None:
+    """Which waiting sequences to try to admit this step, in which order.
+
+    Called once per step, after the running sequences were served. Return an iterable (ideally a
+    lazy generator) of sequences in state WAITING or SWAPPED, most deserving first. The scheduler
+    pulls from it one at a time and stops pulling as soon as slots or the prefill budget run out,
+    so a policy that keeps an incremental structure pays only for what is admitted.
+
+    Return a `Candidates(iterable, head_of_line=...)` to say what happens when a candidate does not
+    fit in the free KV blocks: head-of-line (the default, and what a plain iterable means) stops
+    admission for this step; otherwise the scheduler skips it and tries the next one.
+
+    Candidates that are not waiting or swapped (finished, cancelled, already running) are skipped,
+    so a policy may drop stale entries lazily. Sequences are admitted in the order yielded;
+    `on_admitted` reports them after the step's admission ends.
+    """
+
+
+@hookspec(firstresult=True)
+def select_victim(ctx: StepContext, requester: Sequence, reason: str) -> Sequence | Preempt | None:
+    """Which running sequence to preempt so that `requester` can go on, and how.
+
+    Called when `requester` cannot be served: `reason` is `"blocks"` (it needs a KV block and none
+    is free) or `"slots"` (it is a waiting candidate and `max_num_seqs` sequences already run).
+    `requester` is either running (it needs a block for its next tokens) or a waiting/swapped
+    candidate of `admission`.
+
+    Return a running sequence (preempted with the configured mode), a `Preempt(seq, mode)` to choose
+    the mode (`"recompute"` or `"swap"`), or None: for a running requester None preempts the
+    requester itself; for a waiting candidate None leaves it waiting. The victim may be the
+    requester. The hook is called again while blocks are still missing. A victim that is not
+    running is an invalid answer.
+    """
+
+
+@hookspec(firstresult=True)
+def split_budget(
+    ctx: StepContext, budget: int, num_decoding: int, num_prefilling: int, num_waiting: int
+) -> Split | None:
+    """How this step's token budget is split between decodes and prefill chunks.
+
+    Called once per step before anything is scheduled. `budget` is `max_num_batched_tokens`;
+    `num_decoding` counts running (and swapped) sequences that need one decode token,
+    `num_prefilling` running sequences in the middle of a prefill, `num_waiting` waiting ones.
+    Return `Split(decode, prefill, max_chunk)`: at most `decode` decode tokens and `prefill` prefill
+    tokens are scheduled, no prefill chunk is longer than `max_chunk`. `decode + prefill` above the
+    budget, a negative share or `max_chunk < 1` is an invalid answer.
+    """
+
+
+@hookspec(firstresult=True)
+def order_running(ctx: StepContext, running: list[Sequence]) -> Iterable[Sequence] | None:
+    """The order in which running sequences are served this step.
+
+    Matters when the decode or prefill share cannot serve every running sequence (the ones served
+    first get tokens) and for preemption (a sequence served later may become a victim). Return an
+    iterable over (a permutation or subset of) `running`; sequences left out get no tokens this step.
+    The default is admission order.
+    """
+
+
+@hookspec(firstresult=True)
+def sample(ctx: StepContext, seqs: list[Sequence], logits: Any) -> list[int] | None:
+    """The next token of each sequence in `seqs`, from its row of `logits`.
+
+    Called once per step with every sequence that reached the end of its known tokens, in the
+    order of `StepPlan.sample_seqs`; `logits` has one row per sequence (None in simulation, where
+    tokens are stand-ins). Return one token id per sequence; a list of another length is an invalid
+    answer.
+    """
+
+
+# --- observers: state for policies; return values are ignored -----------------------------------
+
+
+@hookspec
+def on_arrival(ctx: StepContext, seqs: list[Sequence]) -> None:
+    """Sequences that joined the waiting queue (new requests)."""
+
+
+@hookspec
+def on_admitted(ctx: StepContext, seqs: list[Sequence]) -> None:
+    """Sequences that left waiting (or swapped) and started running this step, in admission order."""
+
+
+@hookspec
+def on_preempted(ctx: StepContext, seqs: list[Sequence]) -> None:
+    """Sequences preempted this step: back to WAITING (recompute) or SWAPPED (swap)."""
+
+
+@hookspec
+def on_tokens(ctx: StepContext, seqs: list[Sequence]) -> None:
+    """Sequences that got a new token this step (the token is `seq.token_ids[-1]`)."""
+
+
+@hookspec
+def on_finished(ctx: StepContext, seqs: list[Sequence]) -> None:
+    """Sequences that ended (any reason: see `seq.finish_reason`); their blocks are already freed."""
+
+
+@hookspec
+def on_step_end(ctx: StepContext, plan: StepPlan) -> None:
+    """The step's plan, after it ran and its tokens were appended."""
+
+
+DECISION_HOOKS = ("admission", "select_victim", "split_budget", "order_running", "sample")
+OBSERVER_HOOKS = (
+    "on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end",
+)

@@ -1,0 +1,170 @@
+"""Finding, loading and calling plugins.
+
+A plugin spec is one of:
+
+- a shipped name (`fcfs`, `static`, ... see `SHIPPED`),
+- the name of an entry point in the group `metroline.plugins` of any installed distribution,
+- a dotted path `package.module:attribute` or `package.module`.
+
+The target may be a class (instantiated with the plugin's options as keyword arguments, so each
+engine gets its own state), an instance, or a module. A plugin's name is its `name` attribute when
+it has one, else the spec; options are looked up under either in `EngineConfig.plugin_options`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from .config import EngineConfig
+from .errors import PluginError, PluginLoadError
+
+ENTRY_POINT_GROUP = "metroline.plugins"
+
+SHIPPED: dict[str, str] = {
+    "fcfs": "metroline.policies.fcfs:FCFS",
+    "static": "metroline.policies.static:StaticBatching",
+}
+"""Shipped plugins by name: the policies and the contrib building blocks."""
+
+DEFAULTS_NAME = "defaults"
+
+
+def resolve(spec: str) -> Any:
+    """The object a plugin spec names (see the module docstring)."""
+    if spec in SHIPPED:
+        return _import_dotted(SHIPPED[spec], spec)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == spec:
+            try:
+                return ep.load()
+            except Exception as exc:
+                raise PluginLoadError(f"plugin {spec!r}: entry point {ep.value!r} failed to load: {exc}") from exc
+    if "." in spec or ":" in spec:
+        return _import_dotted(spec, spec)
+    known = sorted(set(SHIPPED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    raise PluginLoadError(f"unknown plugin {spec!r}; known: {', '.join(known)}; or give a dotted path pkg.mod:Obj")
+
+
+def _import_dotted(path: str, spec: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginLoadError(f"plugin {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in filter(None, attr.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PluginLoadError(f"plugin {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, Any]:
+    """Build the plugin object from what `resolve` found; return (name, plugin)."""
+    name = getattr(target, "name", None) or spec
+    if inspect.isclass(target):
+        try:
+            return name, target(**options)
+        except (TypeError, ValueError) as exc:
+            raise PluginLoadError(f"plugin {name!r}: bad options {options!r}: {exc}") from exc
+    if options:
+        raise PluginLoadError(f"plugin {name!r} is not a class and takes no options (got {options!r})")
+    return name, target
+
+
+class PluginManager:
+    """The engine's plugins: the built-in defaults, the base policy, then the stacked plugins.
+
+    `hook` is pluggy's hook relay (`pm.hook.admission(ctx=...)`). Decision-hook answers are
+    attributed: `answerer(hook_name)` is the plugin whose implementation answered last, which
+    `invalid()` uses to name the culprit of a bad answer.
+    """
+
+    def __init__(self, config: EngineConfig, extra: list[Any] | None = None) -> None:
+        from .defaults import DefaultPolicy
+
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._answerer: dict[str, str] = {}
+        self._register(DEFAULTS_NAME, DefaultPolicy())
+        for spec in [config.policy, *config.plugins]:
+            target = resolve(spec)
+            name = getattr(target, "name", None) or spec
+            options = config.plugin_options.get(name) or config.plugin_options.get(spec) or {}
+            self.add(*instantiate(spec, target, options))
+        for plugin in extra or ():
+            self.add(getattr(plugin, "name", None) or type(plugin).__name__, plugin)
+        self.hook = self._pm.hook
+
+    def add(self, name: str, plugin: Any) -> None:
+        """Register a plugin object under `name` (it takes precedence over earlier ones)."""
+        if self._pm.has_plugin(name):
+            raise PluginLoadError(f"plugin {name!r} is loaded twice")
+        self._register(name, plugin)
+
+    def _register(self, name: str, plugin: Any) -> None:
+        try:
+            self._pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise PluginLoadError(f"plugin {name!r}: {exc}") from exc
+        for impl in self._pm.get_hookcallers(plugin) or ():
+            for hook_impl in impl.get_hookimpls():
+                if hook_impl.plugin is plugin and not (hook_impl.wrapper or hook_impl.hookwrapper):
+                    hook_impl.function = self._attributed(hook_impl.function, name, impl.name)
+
+    def _attributed(self, fn: Any, plugin: str, hook: str) -> Any:
+        answerer = self._answerer
+        decision = hook in hookspecs.DECISION_HOOKS
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = fn(*args, **kwargs)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}") from exc
+            if decision and result is not None:
+                answerer[hook] = plugin
+            return result
+
+        return call
+
+    def answerer(self, hook: str) -> str:
+        """The plugin that gave the last answer to a decision hook."""
+        return self._answerer.get(hook, "?")
+
+    def invalid(self, hook: str, problem: str) -> PluginError:
+        """A `PluginError` for an invalid answer to `hook`, naming the plugin that gave it and the
+        wrappers it went through."""
+        plugin = self.answerer(hook)
+        wrappers = [
+            i.plugin_name for i in getattr(self._pm.hook, hook).get_hookimpls() if i.wrapper or i.hookwrapper
+        ]
+        if wrappers:
+            plugin = f"{plugin} (through wrapper {', '.join(wrappers)})"
+        return PluginError(plugin, hook, problem)
+
+    def has_impls(self, hook: str) -> bool:
+        return bool(getattr(self._pm.hook, hook).get_hookimpls())
+
+    def describe(self) -> list[tuple[str, list[str]]]:
+        """Each loaded plugin, highest precedence first, with the hooks it implements."""
+        rows = []
+        for name, plugin in reversed(self._pm.list_name_plugin()):
+            hooks = sorted(c.name for c in self._pm.get_hookcallers(plugin) or ())
+            rows.append((name, hooks))
+        return rows
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.describe()]
+
+    def get(self, name: str) -> Any:
+        return self._pm.get_plugin(name)

@@ -1,0 +1,94 @@
+"""What a client submits: a `Request` and its `SamplingParams`, validated by pydantic at the edge.
+
+Inside the scheduler a request lives on as a `Sequence` (see `sequence.py`); nothing in the step
+touches these models again.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+_ids = itertools.count()
+
+
+def _next_id() -> str:
+    return f"req-{next(_ids)}"
+
+
+class SamplingParams(BaseModel):
+    """How the tokens of a request are chosen and when it stops.
+
+    `temperature == 0` is greedy. `top_k` of 0 (or None) and `top_p` of 1 disable those filters.
+    `n > 1` asks for several completions of one prompt; they share the prompt's KV blocks.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: Annotated[int, Field(ge=1)] = 16
+    temperature: Annotated[float, Field(ge=0.0)] = 1.0
+    top_k: Annotated[int | None, Field(ge=0)] = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    n: Annotated[int, Field(ge=1)] = 1
+
+
+class Request(BaseModel):
+    """One generation request as submitted.
+
+    `priority`: lower is more urgent. `arrival_time`: seconds on the engine's clock; None means
+    "now" when submitted. `expected_output_tokens`: an optional hint for policies such as SRPT.
+    `deadline`: seconds on the engine's clock by which the client wants the request finished.
+    `cache_salt`: an extra key for the prefix cache; requests only share KV with the same salt.
+
+    The limits that depend on the engine (prompt + max_new_tokens <= max_model_len) are checked
+    when the request is validated with the engine's config as context (`Engine.add_request`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str = Field(default_factory=_next_id, min_length=1)
+    tenant: str = Field(default="default", min_length=1)
+    priority: int = 0
+    arrival_time: float | None = Field(default=None, ge=0.0)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    expected_output_tokens: Annotated[int, Field(ge=0)] | None = None
+    deadline: float | None = Field(default=None, ge=0.0)
+    cache_salt: str | None = None
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+    @model_validator(mode="after")
+    def _fits_engine(self, info: ValidationInfo) -> Request:
+        problem = engine_limit_problem(self, info.context)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def engine_limit_problem(request: Request, context: dict | None) -> str | None:
+    """What makes `request` unfit for an engine whose limits are in `context` (`max_model_len`,
+    `max_kv_tokens`, `vocab_size`), or None."""
+    if not context:
+        return None
+    prompt = request.prompt_token_ids
+    total = len(prompt) + request.sampling.max_new_tokens
+    max_len = context.get("max_model_len")
+    if max_len is not None and total > max_len:
+        return (
+            f"prompt_token_ids ({len(prompt)} tokens) + sampling.max_new_tokens "
+            f"({request.sampling.max_new_tokens}) = {total} exceeds max_model_len={max_len}"
+        )
+    max_tokens = context.get("max_kv_tokens")
+    if max_tokens is not None and total > max_tokens:
+        return (
+            f"prompt_token_ids + sampling.max_new_tokens = {total} tokens exceeds the KV pool "
+            f"(num_blocks * block_size = {max_tokens})"
+        )
+    vocab = context.get("vocab_size")
+    if vocab is not None and max(prompt) >= vocab:
+        return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"
+    return None

@@ -1,0 +1,88 @@
+"""Replaying a workload through an engine: arrivals on the engine's clock, then the result document."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from .config import EngineConfig
+from .engine import Engine
+from .metrics import result_document
+from .report import ProgressBar
+from .workloads import Workload
+
+
+class NoProgressError(RuntimeError):
+    """The engine has requests but its plugins schedule nothing and no arrival is pending."""
+
+
+def run_workload(
+    workload: Workload,
+    config: EngineConfig,
+    executor: Any,
+    *,
+    plugins: list[Any] | None = None,
+    oracle_lengths: bool = False,
+    vocab_size: int = 32000,
+    progress: bool | None = False,
+    max_idle_steps: int = 1000,
+) -> tuple[dict[str, Any], Engine]:
+    """Submit each request of `workload` when the engine's clock reaches its arrival, step until
+    all have ended, and return the result document (see `metrics.result_document`) and the engine.
+
+    Requests that fail validation are recorded as rejected and the run goes on. `oracle_lengths`
+    tells policies each request's true output length (`expected_output_tokens`); the result says
+    so in its `workload` field.
+    """
+    engine = Engine(config, executor, plugins=plugins or ())
+    items = workload.items
+    total, i, idle = len(items), 0, 0
+    bar = ProgressBar(total, enabled=progress)
+    wall = time.perf_counter()
+    while True:
+        now = executor.now()
+        while i < total and items[i].arrival_s <= now:
+            data = items[i].request_data(str(i), vocab_size=vocab_size, oracle=oracle_lengths)
+            try:
+                engine.add_request(data)
+            except ValidationError as exc:
+                engine.reject(data, exc)
+            i += 1
+        if not engine.has_unfinished():
+            if i == total:
+                break
+            executor.idle_until(items[i].arrival_s)
+            continue
+        engine.step()
+        if engine.last_plan_empty:
+            if i < total:
+                executor.idle_until(items[i].arrival_s)
+            else:
+                idle += 1
+                if idle >= max_idle_steps:
+                    s = engine.scheduler
+                    raise NoProgressError(
+                        f"{max_idle_steps} steps scheduled nothing with {len(s.running)} running, "
+                        f"{len(s.waiting)} waiting and {len(s.swapped)} swapped requests: check the "
+                        f"plugins' admission and split_budget ({', '.join(engine.plugins.names())})"
+                    )
+        else:
+            idle = 0
+        bar.update(len(engine.metrics.requests))
+    bar.close()
+    wall_s = time.perf_counter() - wall
+    workload_info = workload.describe()
+    if oracle_lengths:
+        workload_info["oracle_lengths"] = True
+    doc = result_document(
+        "+".join([config.policy, *config.plugins]),
+        workload_info,
+        executor.describe(),
+        config.model_dump(mode="json"),
+        engine.metrics,
+        kv_peak_blocks=engine.pool.peak_used_blocks,
+        wall_s=wall_s,
+    )
+    return doc, engine

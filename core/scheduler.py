@@ -1,0 +1,392 @@
+"""The scheduler: one `schedule()` per step turns the queues into a `StepPlan`.
+
+It decides and never touches tensors; policy comes from the plugins' hooks, blocks from the
+`BlockPool`. See DESIGN.md, "One step", for the order of the phases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..kv_backends.block_pool import BlockPool
+from ..kv_backends.swap_space import SwapSpace
+from .budget import Split
+from .config import EngineConfig
+from .context import StepContext
+from .errors import PluginError
+from .plan import StepPlan
+from .plugins import PluginManager
+from .preemption import RECOMPUTE, SWAP, Preempt
+from .sequence import FinishReason, SeqState, Sequence
+
+_RUNNING, _WAITING, _SWAPPED, _FINISHED = (
+    SeqState.RUNNING, SeqState.WAITING, SeqState.SWAPPED, SeqState.FINISHED,
+)
+
+
+class Scheduler:
+    """Owns the queues (`running`, `waiting`, `swapped`) and the step's decisions."""
+
+    def __init__(self, config: EngineConfig, plugins: PluginManager, pool: BlockPool) -> None:
+        self.config = config
+        self.plugins = plugins
+        self.hook = plugins.hook
+        self.pool = pool
+        self.swap = SwapSpace(config.swap_space_blocks) if config.swap_space_blocks else None
+        self.running: dict[Sequence, None] = {}
+        self.waiting: dict[Sequence, None] = {}
+        self.swapped: dict[Sequence, None] = {}
+        self.ctx = StepContext(config, pool, self.running, self.waiting, self.swapped)
+        self._arrived: list[Sequence] = []
+        self._ended: list[Sequence] = []
+        self._admissions = 0
+        self._budget = config.max_num_batched_tokens
+        self._decode_left = 0
+        self._prefill_left = 0
+        self.num_decoding = 0
+        self.total_preemptions = 0
+
+    # --- requests in and out -------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """A new sequence joins the waiting queue (policies hear of it at the next step)."""
+        self.waiting[seq] = None
+        self._arrived.append(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason, now: float, error: str | None = None) -> None:
+        """End `seq` in any state; its blocks are released by the next `reap()`."""
+        if seq.state is _FINISHED:
+            return
+        seq.state = _FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = now
+        seq.error = error
+        self._ended.append(seq)
+
+    def reap(self) -> list[Sequence]:
+        """Take ended sequences out of the queues and release their blocks: the one place where a
+        request's blocks are freed. Returns them (and tells the `on_finished` observers)."""
+        if not self._ended:
+            return []
+        ended, self._ended = self._ended, []
+        for seq in ended:
+            if self.running.pop(seq, 0) is None:
+                self.pool.release(seq.block_table)
+            elif self.swapped.pop(seq, 0) is None:
+                self.swap.free(seq.host_table)
+            else:
+                self.waiting.pop(seq, None)
+            seq.block_table = []
+            seq.host_table = []
+        self.hook.on_finished(ctx=self.ctx, seqs=ended)
+        return ended
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped or self._ended)
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        """Split the budget, serve the running sequences, admit waiting ones: the plan.
+        (The engine reaps ended sequences just before.)"""
+        ctx = self.ctx
+        ctx.now = now
+        ctx.step += 1
+        if self._arrived:
+            arrived, self._arrived = self._arrived, []
+            self.hook.on_arrival(ctx=ctx, seqs=arrived)
+        plan = StepPlan(ctx.step, self.pool.block_size)
+
+        num_decoding = sum(1 for s in self.running if s.is_decoding)
+        num_decoding += sum(1 for s in self.swapped if s.is_decoding)
+        self.num_decoding = num_decoding
+        max_chunk = self._split(num_decoding, len(self.running) - num_decoding + len(self.swapped))
+
+        if self.running:
+            self._serve_running(plan, max_chunk)
+        if self.waiting or self.swapped:
+            self._admit(plan, max_chunk)
+
+        if plan.admitted:
+            self.hook.on_admitted(ctx=ctx, seqs=plan.admitted)
+        if plan.preempted:
+            self.total_preemptions += len(plan.preempted)
+            self.hook.on_preempted(ctx=ctx, seqs=plan.preempted)
+        return plan
+
+    def _split(self, num_decoding: int, num_other: int) -> int:
+        budget = self._budget
+        split = self.hook.split_budget(
+            ctx=self.ctx, budget=budget, num_decoding=num_decoding,
+            num_prefilling=num_other, num_waiting=len(self.waiting),
+        )
+        if not isinstance(split, tuple) or len(split) != 3:
+            raise self.plugins.invalid("split_budget", f"expected Split(decode, prefill, max_chunk), got {split!r}")
+        decode, prefill, max_chunk = split
+        if decode < 0 or prefill < 0 or decode + prefill > budget or max_chunk < 1:
+            raise self.plugins.invalid(
+                "split_budget",
+                f"{Split(*split)} is outside the budget of {budget} tokens "
+                "(shares must be >= 0 and sum to at most the budget, max_chunk >= 1)",
+            )
+        self._decode_left, self._prefill_left = decode, prefill
+        return max_chunk
+
+    def _serve_running(self, plan: StepPlan, max_chunk: int) -> None:
+        running = list(self.running)
+        members = set(running)
+        for seq in self.hook.order_running(ctx=self.ctx, running=running):
+            if seq not in members:
+                raise self.plugins.invalid("order_running", f"{seq!r} is not a running sequence")
+            if seq.state is not _RUNNING or seq in plan.scheduled:
+                continue  # preempted as a victim earlier in this step, or listed twice
+            if seq.is_decoding:
+                if self._decode_left <= 0:
+                    continue
+                n = 1
+            else:
+                n = min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
+                if n <= 0:
+                    continue
+            if self._grow(seq, n, plan):
+                self._schedule(seq, n, plan)
+
+    def _admit(self, plan: StepPlan, max_chunk: int) -> None:
+        answer = self.hook.admission(ctx=self.ctx)
+        if answer is None:
+            return
+        head_of_line = getattr(answer, "head_of_line", True)
+        candidates: Iterator[Sequence] = iter(answer)
+        try:
+            self._admit_from(candidates, plan, max_chunk, head_of_line)
+        finally:
+            close = getattr(candidates, "close", None)
+            if close is not None:
+                close()
+
+    def _next_candidate(self, candidates: Iterator[Sequence]) -> Sequence | None:
+        try:
+            return next(candidates, None)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise self.plugins.invalid("admission", f"its candidates raised {type(exc).__name__}: {exc}") from exc
+
+    def _admit_from(self, candidates: Iterator[Sequence], plan: StepPlan, max_chunk: int, hol: bool) -> None:
+        """Admit candidates until one is blocked (head-of-line), slots or budget run out, or the
+        candidates do."""
+        while self._decode_left > 0 or self._prefill_left > 0:
+            seq = self._next_candidate(candidates)
+            if seq is None:
+                return
+            state = seq.state
+            if state is _WAITING:
+                if seq not in self.waiting:
+                    raise self.plugins.invalid("admission", f"{seq!r} is not in this engine's waiting queue")
+                if self._prefill_left <= 0:
+                    return
+                admitted = self._admit_waiting(seq, plan, max_chunk)
+            elif state is _SWAPPED:
+                if seq not in self.swapped:
+                    raise self.plugins.invalid("admission", f"{seq!r} is not in this engine's swapped queue")
+                admitted = self._admit_swapped(seq, plan, max_chunk)
+            else:
+                continue  # stale entry: already running or finished
+            if admitted is None:
+                return
+            if not admitted:
+                if hol:
+                    return
+                continue
+            seq.state = _RUNNING
+            self.running[seq] = None
+            self._admissions += 1
+            seq.admitted_seq_no = self._admissions
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = self.ctx.now
+            plan.admitted.append(seq)
+
+    def _admit_waiting(self, seq: Sequence, plan: StepPlan, max_chunk: int) -> bool | None:
+        """Prefix-match `seq`, then give it a slot and the blocks of its first chunk. True when
+        admitted (and scheduled), False when its blocks do not fit, None when nothing more can be
+        admitted this step."""
+        pool = self.pool
+        hit = pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1)
+        if hit.block_ids:
+            pool.acquire(hit.block_ids)
+            seq.block_table = list(hit.block_ids)
+        seq.num_computed_tokens = hit.num_tokens
+        decode = seq.is_decoding
+        n = 1 if decode else min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
+        if n <= 0 or (decode and self._decode_left <= 0):
+            self._unacquire(seq)
+            return None
+        slots = 1 if seq.children else seq.sampling.n
+        if not self._make_room_for(seq, slots, plan):
+            self._unacquire(seq)
+            return None
+        if not self._grow(seq, n, plan):
+            self._unacquire(seq)
+            return False
+        seq.num_cached_blocks = hit.num_tokens // pool.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_prompt_tokens = min(hit.num_tokens, seq.num_prompt_tokens)
+        else:
+            seq.recomputed_tokens += max(0, seq.num_lost_tokens - hit.num_tokens)
+            seq.num_lost_tokens = 0
+        del self.waiting[seq]
+        self._schedule(seq, n, plan)
+        return True
+
+    def _admit_swapped(self, seq: Sequence, plan: StepPlan, max_chunk: int) -> bool | None:
+        """Bring `seq` back from the host swap space and schedule its next tokens."""
+        decode = seq.is_decoding
+        n = 1 if decode else min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
+        if n <= 0 or (decode and self._decode_left <= 0):
+            return False
+        if not self._make_room_for(seq, 1, plan):
+            return None
+        while True:
+            table = self.pool.swap_in(seq.host_table, self.swap, plan.block_ops)
+            if table is not None:
+                break
+            victim = self._victim(seq, "blocks")
+            if victim is None:
+                return False
+            self._preempt(victim[0], victim[1], plan)
+        seq.block_table, seq.host_table = table, []
+        del self.swapped[seq]
+        if not self._grow(seq, n, plan):
+            # its own blocks came back but the next token's did not: keep it running, unscheduled
+            return True
+        self._schedule(seq, n, plan)
+        return True
+
+    def _unacquire(self, seq: Sequence) -> None:
+        self.pool.release(seq.block_table)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def _make_room_for(self, seq: Sequence, slots: int, plan: StepPlan) -> bool:
+        """Free `slots` running slots for a candidate, preempting if the policy says so."""
+        while len(self.running) + slots > self.config.max_num_seqs:
+            victim = self._victim(seq, "slots")
+            if victim is None:
+                return False
+            self._preempt(victim[0], victim[1], plan)
+        return True
+
+    def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
+        """Give `seq` the blocks for `n` more tokens, preempting victims while blocks are missing.
+        False when `seq` could not be served (it was preempted itself, or it is a candidate that
+        the policy would not make room for)."""
+        pool = self.pool
+        while not pool.allocate_slots(seq.block_table, seq.num_computed_tokens, n, plan.block_ops):
+            victim = self._victim(seq, "blocks")
+            if victim is None:
+                return False
+            self._preempt(victim[0], victim[1], plan)
+            if victim[0] is seq:
+                return False
+        return True
+
+    def _victim(self, requester: Sequence, reason: str) -> tuple[Sequence, str] | None:
+        """Ask `select_victim`; None means the (waiting) requester stays where it is."""
+        answer: Any = self.hook.select_victim(ctx=self.ctx, requester=requester, reason=reason)
+        mode = self.config.preemption_mode
+        if isinstance(answer, Preempt):
+            answer, mode = answer
+            if mode not in (RECOMPUTE, SWAP):
+                raise self.plugins.invalid("select_victim", f"unknown preemption mode {mode!r}")
+        if answer is None:
+            if requester.state is _RUNNING:
+                return requester, mode
+            return None
+        if not isinstance(answer, Sequence) or answer not in self.running:
+            raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not a running sequence")
+        return answer, mode
+
+    def _schedule(self, seq: Sequence, n: int, plan: StepPlan) -> None:
+        plan.scheduled[seq] = n
+        start = seq.num_computed_tokens
+        plan.num_context_tokens += start + n
+        if n == 1 and seq.is_decoding:
+            plan.num_decode_tokens += 1
+            self._decode_left -= 1
+        else:
+            plan.num_prefill_tokens += n
+            self._prefill_left -= n
+
+    def _preempt(self, seq: Sequence, mode: str, plan: StepPlan) -> None:
+        """Take `seq` off the running set: back to waiting (recompute) or to the host (swap)."""
+        if seq in plan.scheduled:
+            n = plan.scheduled.pop(seq)
+            plan.num_context_tokens -= seq.num_computed_tokens + n
+            if n == 1 and seq.is_decoding:
+                plan.num_decode_tokens -= 1
+                self._decode_left += 1
+            else:
+                plan.num_prefill_tokens -= n
+                self._prefill_left += n
+            if seq in plan.admitted:
+                plan.admitted.remove(seq)
+        del self.running[seq]
+        seq.num_preemptions += 1
+        host = None
+        if mode == SWAP and self.swap is not None:
+            host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops)
+        if host is not None:
+            seq.host_table = host
+            seq.state = _SWAPPED
+            self.swapped[seq] = None
+        else:
+            self.pool.release(seq.block_table)
+            seq.num_lost_tokens = max(seq.num_lost_tokens, seq.num_computed_tokens)
+            seq.num_computed_tokens = 0
+            seq.num_cached_blocks = 0
+            seq.state = _WAITING
+            self.waiting[seq] = None
+        seq.block_table = []
+        plan.preempted.append(seq)
+
+    # --- after the executor ran ----------------------------------------------------------------
+
+    def commit(self, plan: StepPlan) -> None:
+        """Advance each scheduled sequence past the tokens the step computed and index the blocks
+        that became full (they can now be shared by prefix)."""
+        pool, bs = self.pool, self.pool.block_size
+        plan.sample_seqs  # fixed before the sequences advance
+        for seq, n in plan.scheduled.items():
+            seq.num_computed_tokens += n
+            full = seq.num_computed_tokens // bs
+            if full > seq.num_cached_blocks:
+                pool.cache_full_blocks(seq.block_table, seq.token_ids, seq.num_cached_blocks, full, seq.cache_salt)
+                seq.num_cached_blocks = full
+
+    def fork(self, parent: Sequence, n: int) -> list[Sequence]:
+        """Create the `n - 1` siblings of `parent` (parallel sampling) once its prompt is
+        computed: they share every block, the last partial one included (copy-on-write)."""
+        children = []
+        for i in range(1, n):
+            child = Sequence(
+                parent.request_id, parent.token_ids[: parent.num_prompt_tokens], parent.sampling,
+                parent.arrival_time, tenant=parent.tenant, priority=parent.priority,
+                deadline=parent.deadline, expected_output_tokens=parent.expected_output_tokens,
+                cache_salt=parent.cache_salt, arrival_no=parent.arrival_no,
+                seq_id=f"{parent.request_id}#{i}", index=i,
+            )
+            child.block_table = self.pool.fork(parent.block_table)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_blocks = parent.num_cached_blocks
+            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+            child.first_scheduled_time = parent.first_scheduled_time
+            child.prefill_done_time = parent.prefill_done_time
+            child.parent = parent
+            child.state = _RUNNING
+            self._admissions += 1
+            child.admitted_seq_no = self._admissions
+            self.running[child] = None
+            children.append(child)
+        parent.children = children
+        return children

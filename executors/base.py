@@ -1,0 +1,88 @@
+"""The executor protocol: what the engine needs from whatever runs a step plan.
+
+An executor owns the engine's clock. The simulator's clock is virtual (a cost model says how long a
+step takes); a real executor's clock is the wall clock.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..core.plan import StepPlan, StepResult
+from ..kv_backends.block_ops import COPY, NAMES, SWAP_IN, SWAP_OUT
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs step plans and keeps the engine's clock.
+
+    - `name`: `"sim"` or `"torch"`, for results and logs.
+    - `now()`: the engine clock in seconds (virtual for the simulator, wall for a real executor).
+    - `execute(plan)`: runs the plan's block ops in order, then the forward pass; returns the clock
+      after the step and one logits row per `plan.sample_seqs` (None in the simulator).
+    - `idle_until(t)`: nothing to run before time `t` (the next arrival): the simulator jumps its
+      clock to `max(now(), t)`, a real executor sleeps.
+    - `describe()`: a JSON-ready dict for the result document's `"executor"` field, at least
+      `{"name": ..., "cost_model": {...}}` (a real executor may give `"cost_model": None`).
+    """
+
+    name: str
+
+    def now(self) -> float: ...
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def idle_until(self, t: float) -> None: ...
+
+    def describe(self) -> dict: ...
+
+
+def count_block_ops(block_ops: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """`(copies, swap_outs, swap_ins)` in a plan's block ops."""
+    if not block_ops:
+        return 0, 0, 0
+    counts = [0, 0, 0]
+    for kind, _, _ in block_ops:
+        counts[kind] += 1
+    return counts[COPY], counts[SWAP_OUT], counts[SWAP_IN]
+
+
+class ExecutorStats:
+    """Counters an executor keeps over a run: steps executed, seconds busy and idle, block ops.
+
+    `record(plan, duration)` after each executed plan, `record_idle(seconds)` after each idle wait.
+    """
+
+    __slots__ = ("total_steps", "busy_time", "idle_time", "copies", "swap_outs", "swap_ins")
+
+    def __init__(self) -> None:
+        self.total_steps = 0
+        self.busy_time = 0.0
+        self.idle_time = 0.0
+        self.copies = 0
+        self.swap_outs = 0
+        self.swap_ins = 0
+
+    def record(self, plan: StepPlan, duration: float) -> None:
+        self.total_steps += 1
+        self.busy_time += duration
+        if plan.block_ops:
+            c, o, i = count_block_ops(plan.block_ops)
+            self.copies += c
+            self.swap_outs += o
+            self.swap_ins += i
+
+    def record_idle(self, seconds: float) -> None:
+        self.idle_time += seconds
+
+    def as_dict(self) -> dict:
+        return {
+            "total_steps": self.total_steps,
+            "busy_time": self.busy_time,
+            "idle_time": self.idle_time,
+            "block_ops": {
+                NAMES[COPY]: self.copies,
+                NAMES[SWAP_OUT]: self.swap_outs,
+                NAMES[SWAP_IN]: self.swap_ins,
+            },
+        }

@@ -1,0 +1,1 @@
+"""The shipped policies, one module each, each a plain pluggy plugin class."""

@@ -1,0 +1,62 @@
+"""`static`: static batching, the baseline continuous batching is measured against.
+
+When nothing runs, the (up to) `max_num_seqs` oldest waiting requests form a batch; no other
+request is admitted until every member of the batch has finished. Members are admitted in arrival
+order (over several steps if the prefill budget asks for it), and a preempted member stays in its
+batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..core.candidates import Candidates
+from ..core.context import StepContext
+from ..core.hookspecs import hookimpl
+from ..core.lazy_heap import LazyHeap
+from ..core.sequence import SeqState, Sequence
+from .fcfs import last_admitted
+
+
+class StaticBatching:
+    name = "static"
+
+    def __init__(self) -> None:
+        self.queue = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+        self.batch: list[Sequence] = []
+
+    @hookimpl
+    def on_arrival(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.queue.push(s)
+
+    @hookimpl
+    def on_preempted(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.queue.push(s)
+
+    @hookimpl
+    def admission(self, ctx: StepContext) -> Candidates:
+        self.batch = [s for s in self.batch if s.state is not SeqState.FINISHED]
+        if not self.batch:
+            self.batch = self._form(ctx.config.max_num_seqs)
+        return Candidates(self._pending(), head_of_line=True)
+
+    def _form(self, size: int) -> list[Sequence]:
+        batch = []
+        for seq in self.queue.ordered():
+            batch.append(seq)
+            if len(batch) == size:
+                break
+        return batch
+
+    def _pending(self) -> Iterator[Sequence]:
+        for s in self.batch:
+            if s.state is SeqState.WAITING or s.state is SeqState.SWAPPED:
+                yield s
+
+    @hookimpl
+    def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
+        if requester.state is not SeqState.RUNNING:
+            return None
+        return last_admitted(ctx)
