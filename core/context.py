@@ -22,9 +22,11 @@ class StepContext:
       order, waiting and swapped in the order they got there); support `len`, `in` and iteration
     - `num_free_blocks()`: KV blocks allocatable now (free and evictable cached ones)
     - `block_size`, `num_blocks`
+    - `hooks`: the hook relay, for a plugin that asks other plugins (e.g. `srpt` calls
+      `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)`)
     """
 
-    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "_pool")
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hooks", "_pool")
 
     def __init__(
         self,
@@ -41,6 +43,7 @@ class StepContext:
         self.waiting = waiting.keys()
         self.swapped = swapped.keys()
         self._pool = pool
+        self.hooks = None
 
     @property
     def num_running(self) -> int:

@@ -113,6 +113,16 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any) -> list[int] | N
     """
 
 
+@hookspec(firstresult=True)
+def estimate_output_tokens(ctx: StepContext, seq: Sequence) -> int | None:
+    """An estimate of how many output tokens `seq` will generate in all.
+
+    Asked by policies that need lengths (such as `srpt`) when the request carries no
+    `expected_output_tokens` hint, typically once per request when it arrives. Return a
+    non-negative int, or None to let the next plugin answer.
+    """
+
+
 # --- observers: state for policies; return values are ignored -----------------------------------
 
 
@@ -146,7 +156,9 @@ def on_step_end(ctx: StepContext, plan: StepPlan) -> None:
     """The step's plan, after it ran and its tokens were appended."""
 
 
-DECISION_HOOKS = ("admission", "select_victim", "split_budget", "order_running", "sample")
+DECISION_HOOKS = (
+    "admission", "select_victim", "split_budget", "order_running", "sample", "estimate_output_tokens",
+)
 OBSERVER_HOOKS = (
     "on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end",
 )

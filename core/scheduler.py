@@ -38,12 +38,14 @@ class Scheduler:
         self.waiting: dict[Sequence, None] = {}
         self.swapped: dict[Sequence, None] = {}
         self.ctx = StepContext(config, pool, self.running, self.waiting, self.swapped)
+        self.ctx.hooks = plugins.hook
         self._arrived: list[Sequence] = []
         self._ended: list[Sequence] = []
         self._admissions = 0
         self._budget = config.max_num_batched_tokens
         self._decode_left = 0
         self._prefill_left = 0
+        self._prefills_left = 0
         self.num_decoding = 0
         self.total_preemptions = 0
 
@@ -121,16 +123,19 @@ class Scheduler:
             ctx=self.ctx, budget=budget, num_decoding=num_decoding,
             num_prefilling=num_other, num_waiting=len(self.waiting),
         )
-        if not isinstance(split, tuple) or len(split) != 3:
+        if not isinstance(split, tuple) or len(split) not in (3, 4):
             raise self.plugins.invalid("split_budget", f"expected Split(decode, prefill, max_chunk), got {split!r}")
-        decode, prefill, max_chunk = split
-        if decode < 0 or prefill < 0 or decode + prefill > budget or max_chunk < 1:
+        decode, prefill, max_chunk, max_prefills = Split(*split)
+        if decode < 0 or prefill < 0 or decode + prefill > budget or max_chunk < 1 or (
+            max_prefills is not None and max_prefills < 0
+        ):
             raise self.plugins.invalid(
                 "split_budget",
                 f"{Split(*split)} is outside the budget of {budget} tokens "
-                "(shares must be >= 0 and sum to at most the budget, max_chunk >= 1)",
+                "(shares and max_prefills must be >= 0 and the shares sum to at most the budget, max_chunk >= 1)",
             )
         self._decode_left, self._prefill_left = decode, prefill
+        self._prefills_left = budget if max_prefills is None else max_prefills
         return max_chunk
 
     def _serve_running(self, plan: StepPlan, max_chunk: int) -> None:
@@ -147,7 +152,7 @@ class Scheduler:
                 n = 1
             else:
                 n = min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
-                if n <= 0:
+                if n <= 0 or self._prefills_left <= 0:
                     continue
             if self._grow(seq, n, plan):
                 self._schedule(seq, n, plan)
@@ -184,7 +189,7 @@ class Scheduler:
             if state is _WAITING:
                 if seq not in self.waiting:
                     raise self.plugins.invalid("admission", f"{seq!r} is not in this engine's waiting queue")
-                if self._prefill_left <= 0:
+                if self._prefill_left <= 0 or self._prefills_left <= 0:
                     return
                 admitted = self._admit_waiting(seq, plan, max_chunk)
             elif state is _SWAPPED:
@@ -317,6 +322,7 @@ class Scheduler:
         else:
             plan.num_prefill_tokens += n
             self._prefill_left -= n
+            self._prefills_left -= 1
 
     def _preempt(self, seq: Sequence, mode: str, plan: StepPlan) -> None:
         """Take `seq` off the running set: back to waiting (recompute) or to the host (swap)."""
@@ -329,6 +335,7 @@ class Scheduler:
             else:
                 plan.num_prefill_tokens -= n
                 self._prefill_left += n
+                self._prefills_left += 1
             if seq in plan.admitted:
                 plan.admitted.remove(seq)
         del self.running[seq]

@@ -215,7 +215,7 @@ class BlockPool:
             f"tokens {len(token_ids)}"
         )
         keys, indexed, index = self._keys, self._indexed, self._index
-        parent = self._key_of(block_table, token_ids, start_block - 1, extra_key)
+        parent = None
         for i in range(start_block, end_block):
             b = block_table[i]
             assert self._refs[b] > 0, f"caching block {b} with ref count 0"
@@ -287,7 +287,7 @@ class BlockPool:
         copies = [
             i
             for i in range(first, min(n_have, num_required))
-            if refs[block_table[i]] != 1
+            if refs[block_table[i]] != 1 or indexed[block_table[i]]
         ]
         num_fresh = max(0, num_required - n_have)
         if num_fresh + len(copies) > len(self._free) + len(self._evictable):
