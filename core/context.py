@@ -64,6 +64,11 @@ class StepContext:
     def num_free_blocks(self) -> int:
         return self._pool.num_free_blocks()
 
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """How many leading tokens of `seq` the prefix cache holds now (a lookup, no side effects:
+        O(prefix blocks); call it for a bounded number of candidates per step)."""
+        return self._pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1).num_tokens
+
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""
         return -(-num_tokens // self._pool.block_size)

@@ -28,8 +28,23 @@ from .errors import PluginError, PluginLoadError
 ENTRY_POINT_GROUP = "metroline.plugins"
 
 SHIPPED: dict[str, str] = {
+    # ordering policies
     "fcfs": "metroline.policies.fcfs:FCFS",
     "static": "metroline.policies.static:StaticBatching",
+    "priority": "metroline.policies.priority:Priority",
+    "srpt": "metroline.policies.srpt:SRPT",
+    "weighted_fair": "metroline.policies.weighted_fair:WeightedFair",
+    "token_rr": "metroline.policies.token_rr:TokenRoundRobin",
+    # budget split, admission reservation and preemption strategies (stack on any policy)
+    "decode_first": "metroline.policies.budget_split:DecodeFirst",
+    "prefill_first": "metroline.policies.budget_split:PrefillFirst",
+    "weighted_budget": "metroline.policies.budget_split:WeightedBudget",
+    "reserve": "metroline.policies.reserve:ReserveBlocks",
+    "auto_preemption": "metroline.policies.auto_preemption:AutoPreemption",
+    # building blocks for platform teams
+    "tenant_quota": "metroline.plugins_contrib.tenant_quota:TenantQuota",
+    "prefix_aware": "metroline.plugins_contrib.prefix_aware:PrefixAware",
+    "slo_classes": "metroline.plugins_contrib.slo_classes:SLOClasses",
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 

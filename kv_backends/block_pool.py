@@ -215,7 +215,7 @@ class BlockPool:
             f"tokens {len(token_ids)}"
         )
         keys, indexed, index = self._keys, self._indexed, self._index
-        parent = None
+        parent = self._key_of(block_table, token_ids, start_block - 1, extra_key)
         for i in range(start_block, end_block):
             b = block_table[i]
             assert self._refs[b] > 0, f"caching block {b} with ref count 0"
@@ -297,7 +297,6 @@ class BlockPool:
             new = self._allocate_block()
             ops.append((COPY, old, new))
             block_table[i] = new
-            self._release_block(old)
         for _ in range(num_fresh):
             block_table.append(self._allocate_block())
         if self._num_used > self.peak_used_blocks:
