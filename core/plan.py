@@ -14,6 +14,7 @@ class StepPlan:
     - `scheduled`: sequence -> number of tokens to compute this step, in batch order. A sequence's
       tokens are `seq.token_ids[start:start + n]` at positions `start...start + n - 1`, with
       `start = seq.num_computed_tokens` (the scheduler advances it only after the step ran).
+    - `decodes`: the scheduled sequences whose one token is charged to the decode share.
     - `block_ops`: `(kind, src, dst)` copies and swaps to run, in order, before the forward pass
       (kinds in `metroline.kv_backends.block_ops`).
     - `sample_seqs`: the scheduled sequences that reach the end of their known tokens this step
@@ -24,7 +25,7 @@ class StepPlan:
     """
 
     __slots__ = (
-        "step", "scheduled", "block_ops", "num_prefill_tokens", "num_decode_tokens",
+        "step", "scheduled", "decodes", "block_ops", "num_prefill_tokens", "num_decode_tokens",
         "num_context_tokens", "preempted", "admitted", "block_size", "_sample_seqs",
     )
 
@@ -32,6 +33,7 @@ class StepPlan:
         self.step = step
         self.block_size = block_size
         self.scheduled: dict[Sequence, int] = {}
+        self.decodes: set[Sequence] = set()
         self.block_ops: list[tuple[int, int, int]] = []
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0

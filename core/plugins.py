@@ -152,6 +152,12 @@ class PluginManager:
 
         return call
 
+    def monitor(self, before: Any, after: Any) -> Any:
+        """Call `before(hook_name, impls, kwargs)` and `after(outcome, hook_name, impls, kwargs)`
+        around every hook call (pluggy's hook call monitoring); returns the function that undoes
+        it. For tests and tracing: it slows every hook call."""
+        return self._pm.add_hookcall_monitoring(before, after)
+
     def answerer(self, hook: str) -> str:
         """The plugin that gave the last answer to a decision hook."""
         return self._answerer.get(hook, "?")

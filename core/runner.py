@@ -27,16 +27,49 @@ def run_workload(
     oracle_lengths: bool = False,
     vocab_size: int = 32000,
     progress: bool | None = False,
-    max_idle_steps: int = 1000,
 ) -> tuple[dict[str, Any], Engine]:
-    """Submit each request of `workload` when the engine's clock reaches its arrival, step until
-    all have ended, and return the result document (see `metrics.result_document`) and the engine.
-
-    Requests that fail validation are recorded as rejected and the run goes on. `oracle_lengths`
-    tells policies each request's true output length (`expected_output_tokens`); the result says
-    so in its `workload` field.
-    """
+    """Replay `workload` on a new engine (see `replay`) and return the result document (see
+    `metrics.result_document`) and the engine. `oracle_lengths` tells policies each request's
+    true output length (`expected_output_tokens`); the result says so in its `workload` field."""
     engine = Engine(config, executor, plugins=plugins or ())
+    wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
+    return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths), engine
+
+
+def result_of(engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False) -> dict[str, Any]:
+    """The result document of a finished replay."""
+    config = engine.config
+    workload_info = workload.describe()
+    if oracle_lengths:
+        workload_info["oracle_lengths"] = True
+    return result_document(
+        "+".join([config.policy, *config.plugins]),
+        workload_info,
+        engine.executor.describe(),
+        config.model_dump(mode="json"),
+        engine.metrics,
+        kv_peak_blocks=engine.pool.peak_used_blocks,
+        wall_s=wall_s,
+    )
+
+
+def replay(
+    engine: Engine,
+    workload: Workload,
+    *,
+    oracle_lengths: bool = False,
+    vocab_size: int = 32000,
+    progress: bool | None = False,
+    max_idle_steps: int = 1000,
+) -> float:
+    """Submit each request of `workload` when the engine's clock reaches its arrival and step
+    until all have ended; returns the wall time it took.
+
+    Requests that fail validation are recorded as rejected and the replay goes on. Raises
+    `NoProgressError` when the plugins schedule nothing for `max_idle_steps` steps while requests
+    wait and no arrival is pending.
+    """
+    executor = engine.executor
     items = workload.items
     total, i, idle = len(items), 0, 0
     bar = ProgressBar(total, enabled=progress)
@@ -72,17 +105,4 @@ def run_workload(
             idle = 0
         bar.update(len(engine.metrics.requests))
     bar.close()
-    wall_s = time.perf_counter() - wall
-    workload_info = workload.describe()
-    if oracle_lengths:
-        workload_info["oracle_lengths"] = True
-    doc = result_document(
-        "+".join([config.policy, *config.plugins]),
-        workload_info,
-        executor.describe(),
-        config.model_dump(mode="json"),
-        engine.metrics,
-        kv_peak_blocks=engine.pool.peak_used_blocks,
-        wall_s=wall_s,
-    )
-    return doc, engine
+    return time.perf_counter() - wall

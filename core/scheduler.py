@@ -146,7 +146,8 @@ class Scheduler:
                 raise self.plugins.invalid("order_running", f"{seq!r} is not a running sequence")
             if seq.state is not _RUNNING or seq in plan.scheduled:
                 continue  # preempted as a victim earlier in this step, or listed twice
-            if seq.is_decoding:
+            decode = seq.is_decoding
+            if decode:
                 if self._decode_left <= 0:
                     continue
                 n = 1
@@ -155,7 +156,7 @@ class Scheduler:
                 if n <= 0 or self._prefills_left <= 0:
                     continue
             if self._grow(seq, n, plan):
-                self._schedule(seq, n, plan)
+                self._schedule(seq, n, plan, decode)
 
     def _admit(self, plan: StepPlan, max_chunk: int) -> None:
         answer = self.hook.admission(ctx=self.ctx)
@@ -222,9 +223,11 @@ class Scheduler:
             pool.acquire(hit.block_ids)
             seq.block_table = list(hit.block_ids)
         seq.num_computed_tokens = hit.num_tokens
-        decode = seq.is_decoding
+        # a readmitted sequence whose cached prefix covers all but its newest token is a decode;
+        # it takes a prefill token when the decode share is spent
+        decode = seq.is_decoding and self._decode_left > 0
         n = 1 if decode else min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
-        if n <= 0 or (decode and self._decode_left <= 0):
+        if n <= 0:
             self._unacquire(seq)
             return None
         slots = 1 if seq.children else seq.sampling.n
@@ -241,14 +244,14 @@ class Scheduler:
             seq.recomputed_tokens += max(0, seq.num_lost_tokens - hit.num_tokens)
             seq.num_lost_tokens = 0
         del self.waiting[seq]
-        self._schedule(seq, n, plan)
+        self._schedule(seq, n, plan, decode)
         return True
 
     def _admit_swapped(self, seq: Sequence, plan: StepPlan, max_chunk: int) -> bool | None:
         """Bring `seq` back from the host swap space and schedule its next tokens."""
-        decode = seq.is_decoding
+        decode = seq.is_decoding and self._decode_left > 0
         n = 1 if decode else min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
-        if n <= 0 or (decode and self._decode_left <= 0):
+        if n <= 0:
             return False
         if not self._make_room_for(seq, 1, plan):
             return None
@@ -265,7 +268,7 @@ class Scheduler:
         if not self._grow(seq, n, plan):
             # its own blocks came back but the next token's did not: keep it running, unscheduled
             return True
-        self._schedule(seq, n, plan)
+        self._schedule(seq, n, plan, decode)
         return True
 
     def _unacquire(self, seq: Sequence) -> None:
@@ -312,11 +315,12 @@ class Scheduler:
             raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not a running sequence")
         return answer, mode
 
-    def _schedule(self, seq: Sequence, n: int, plan: StepPlan) -> None:
+    def _schedule(self, seq: Sequence, n: int, plan: StepPlan, decode: bool) -> None:
         plan.scheduled[seq] = n
         start = seq.num_computed_tokens
         plan.num_context_tokens += start + n
-        if n == 1 and seq.is_decoding:
+        if decode:
+            plan.decodes.add(seq)
             plan.num_decode_tokens += 1
             self._decode_left -= 1
         else:
@@ -329,7 +333,8 @@ class Scheduler:
         if seq in plan.scheduled:
             n = plan.scheduled.pop(seq)
             plan.num_context_tokens -= seq.num_computed_tokens + n
-            if n == 1 and seq.is_decoding:
+            if seq in plan.decodes:
+                plan.decodes.discard(seq)
                 plan.num_decode_tokens -= 1
                 self._decode_left += 1
             else:

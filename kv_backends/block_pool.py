@@ -154,7 +154,6 @@ class BlockPool:
             if (
                 key.tokens != tokens
                 or key.extra_key != extra_key
-                or not _same_prefix(key.parent, parent)
             ):
                 break
             block_ids.append(b)
@@ -297,6 +296,7 @@ class BlockPool:
             new = self._allocate_block()
             ops.append((COPY, old, new))
             block_table[i] = new
+            self._release_block(old)
         for _ in range(num_fresh):
             block_table.append(self._allocate_block())
         if self._num_used > self.peak_used_blocks:

@@ -1,8 +1,8 @@
 """A stateful property test of the block pool against a shadow model of the KV memory.
 
 The shadow model records what each (device block, offset) and each host block holds. The KV of a
-token depends on the token and on every token before it, so the model stores the whole prefix
-`tuple(tokens[: p + 1])` written at position p. It applies the pool's COPY / SWAP_OUT / SWAP_IN ops
+token depends on the token, on every token before it and on the extra key (an adapter, a salt), so
+the model stores `(extra_key, tuple(tokens[: p + 1]))` written at position p. It applies the pool's COPY / SWAP_OUT / SWAP_IN ops
 in order and "writes" every token a request computes into its block table; every write asserts that
 the block is owned by one table and not in the prefix index. After every rule it proves that each
 live request's blocks hold exactly its prefixes at the positions it has computed, so prefix hits,
@@ -82,21 +82,22 @@ class KVMachine(RuleBasedStateMachine):
             else:
                 self.kv[dst] = list(self.host[src])
 
-    def write(self, table, tokens, start, end):
+    def write(self, table, tokens, start, end, extra_key):
         bs, pool = self.bs, self.pool
         for p in range(start, end):
             b = table[p // bs]
             assert pool.ref_count(b) == 1, f"write into block {b} with {pool.ref_count(b)} refs"
             assert not pool._indexed[b], f"write into indexed block {b}"
             assert pool._keys[b] is None, f"write into block {b} that holds a full computed block"
-            self.block(b)[p % bs] = tuple(tokens[: p + 1])
+            self.block(b)[p % bs] = (extra_key, tuple(tokens[: p + 1]))
 
-    def holds(self, table, tokens, n):
+    def holds(self, table, tokens, n, extra_key):
         bs = self.bs
         assert len(table) * bs >= n
         for p in range(n):
             got = self.block(table[p // bs])[p % bs]
-            assert got == tuple(tokens[: p + 1]), f"position {p}: block {table[p // bs]} holds {got}"
+            want = (extra_key, tuple(tokens[: p + 1]))
+            assert got == want, f"position {p}: block {table[p // bs]} holds {got}, not {want}"
 
     def snapshot(self):
         pool = self.pool
@@ -118,7 +119,7 @@ class KVMachine(RuleBasedStateMachine):
         n = hit.num_tokens
         assert n <= len(prompt) - 1
         assert len(hit.block_ids) == -(-n // bs)
-        self.holds(hit.block_ids, prompt, n)
+        self.holds(hit.block_ids, prompt, n, extra_key)
         pool.acquire(hit.block_ids)
         table = list(hit.block_ids)
         before, ops = self.snapshot(), []
@@ -127,7 +128,7 @@ class KVMachine(RuleBasedStateMachine):
             pool.release(table)
             return
         self.apply(ops)
-        self.write(table, prompt, n, len(prompt))
+        self.write(table, prompt, n, len(prompt), extra_key)
         pool.cache_full_blocks(table, prompt, n // bs, len(prompt) // bs, extra_key)
         self.live.append(Req(prompt, len(prompt), table, extra_key))
 
@@ -156,7 +157,7 @@ class KVMachine(RuleBasedStateMachine):
             del req.tokens[start:]
             return
         self.apply(ops)
-        self.write(req.table, req.tokens, start, end)
+        self.write(req.table, req.tokens, start, end, req.extra_key)
         req.computed = end
         pool.cache_full_blocks(req.table, req.tokens, start // bs, end // bs, req.extra_key)
 
@@ -191,7 +192,7 @@ class KVMachine(RuleBasedStateMachine):
         table, ops = [], []
         assert pool.allocate_slots(table, 0, k * bs, ops)
         assert ops == [] and len(table) == k
-        self.write(table, [GARBAGE] * (k * bs), 0, k * bs)
+        self.write(table, [GARBAGE] * (k * bs), 0, k * bs, GARBAGE)
         pool.release(table)
 
     @precondition(lambda self: self.live)
@@ -237,7 +238,7 @@ class KVMachine(RuleBasedStateMachine):
         assert self.snapshot() == before
         assert hit.num_tokens <= len(prompt)
         assert len(hit.block_ids) == -(-hit.num_tokens // self.bs)
-        self.holds(hit.block_ids, prompt, hit.num_tokens)
+        self.holds(hit.block_ids, prompt, hit.num_tokens, extra_key)
 
     # -- checks ---------------------------------------------------------------------------------
 
@@ -247,11 +248,12 @@ class KVMachine(RuleBasedStateMachine):
             return
         self.pool.check_invariants([r.table for r in self.live])
         for req in self.live:
-            self.holds(req.table, req.tokens, req.computed)
+            self.holds(req.table, req.tokens, req.computed, req.extra_key)
         for req in self.swapped:
             bs = self.bs
             for p in range(req.computed):
-                assert self.host[req.host[p // bs]][p % bs] == tuple(req.tokens[: p + 1])
+                want = (req.extra_key, tuple(req.tokens[: p + 1]))
+                assert self.host[req.host[p // bs]][p % bs] == want
         on_host = sum(len(r.host) for r in self.swapped)
         assert self.swap.num_free_blocks() + on_host == self.swap.num_blocks
 
