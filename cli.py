@@ -14,6 +14,9 @@ RUN_KEYS = (
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
+POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
+"""The shipped ordering policies: what `metroline compare` compares by default."""
+
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", help="base policy: a shipped name, an entry point or pkg.mod:Obj (default fcfs)")
@@ -61,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     _engine_flags(run)
     _run_flags(run)
+    compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")
+    compare.add_argument("--policies", default=",".join(POLICIES),
+                         help="comma-separated policies; `a+b` stacks plugin b on policy a "
+                         f"(default: {','.join(POLICIES)})")
+    _engine_flags(compare)
+    _run_flags(compare)
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
     _engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
@@ -160,6 +169,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .core import report
+    from .core.runner import run_workload
+
+    config, run = resolve_options(args)
+    workload = make_workload(run, config.seed)
+    labels = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not labels:
+        raise ValueError("--policies: give at least one policy")
+    docs = []
+    for label in labels:
+        policy, *stacked = label.split("+")
+        cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
+        doc, _ = run_workload(
+            workload, cfg, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
+            progress=args.progress,
+        )
+        docs.append(doc)
+    print(report.format_comparison_table(docs))
+    if args.json:
+        report.write_json(args.json, {"runs": docs})
+    return 0
+
+
 def cmd_plugins(args: argparse.Namespace) -> int:
     from importlib.metadata import entry_points
 
@@ -190,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         argv = ["run"]
     args = parser.parse_args(argv)
-    commands = {"run": cmd_run, "plugins": cmd_plugins, "workloads": cmd_workloads}
+    commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads}
     from .core.errors import PluginError
 
     try:

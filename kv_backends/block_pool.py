@@ -154,6 +154,7 @@ class BlockPool:
             if (
                 key.tokens != tokens
                 or key.extra_key != extra_key
+                or not _same_prefix(key.parent, parent)
             ):
                 break
             block_ids.append(b)
@@ -166,8 +167,6 @@ class BlockPool:
                 best, best_len = -1, 0
                 for b in candidates:
                     key = keys[b]
-                    if not _same_prefix(key.parent, parent):
-                        continue
                     tokens = key.tokens
                     k = 1
                     while k < n and tokens[k] == token_ids[pos + k]:
