@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
-    "max_requests", "groups", "oracle_lengths", "traces_dir",
+    "max_requests", "groups", "oracle_lengths", "traces_dir", "window",
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
@@ -51,6 +51,8 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-lengths", action="store_true", default=None,
                    help="let policies see each request's true output length (the results say so)")
     p.add_argument("--traces-dir", help="folder of the trace files (default: ../shared/traces)")
+    p.add_argument("--window", type=float, metavar="S",
+                   help="seconds per fairness window (default 60): whole-run totals hide unfairness")
     p.add_argument("--json", metavar="PATH", help="write the result document")
     p.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
     p.add_argument("--steps-csv", metavar="PATH", help="write one row per step")
@@ -157,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = make_workload(run, config.seed)
     doc, engine = run_workload(
         workload, config, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-        progress=args.progress,
+        progress=args.progress, window_s=run.get("window", 60.0),
     )
     print(report.format_summary_table(doc))
     if args.json:
@@ -184,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
         doc, _ = run_workload(
             workload, cfg, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-            progress=args.progress,
+            progress=args.progress, window_s=run.get("window", 60.0),
         )
         docs.append(doc)
     print(report.format_comparison_table(docs))

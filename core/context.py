@@ -24,9 +24,11 @@ class StepContext:
     - `block_size`, `num_blocks`
     - `hooks`: the hook relay, for a plugin that asks other plugins (e.g. `srpt` calls
       `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)`)
+
+    One thing plugins may set: `wake_at(t)` (see there).
     """
 
-    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hooks", "_pool")
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hooks", "wakeup", "_pool")
 
     def __init__(
         self,
@@ -44,6 +46,18 @@ class StepContext:
         self.swapped = swapped.keys()
         self._pool = pool
         self.hooks = None
+        self.wakeup: float | None = None
+
+    def wake_at(self, t: float) -> None:
+        """Say that a request this plugin holds back now may be admitted at time `t` (a token
+        bucket that refills, a batching window that closes). When a step schedules nothing, the
+        workload replay (`core.runner.replay`) moves the clock to the earliest such time, or to the
+        next arrival if it comes first: on a simulated clock time does not pass otherwise. (Empty
+        steps still count toward the replay's stall limit while no arrival is pending.) `wakeup`
+        holds the earliest time asked for in this step; the scheduler resets it every step.
+        """
+        if self.wakeup is None or t < self.wakeup:
+            self.wakeup = t
 
     @property
     def num_running(self) -> int:

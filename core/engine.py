@@ -98,7 +98,10 @@ class Engine:
         self._requests: dict[str, list[Sequence]] = {}
         self._arrivals = 0
         self.last_plan_empty = False
-        self._validation_context = {"max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens}
+        self._validation_context = {
+            "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
+            "max_num_seqs": config.max_num_seqs,
+        }
         vocab = getattr(executor, "vocab_size", None)
         if vocab is not None:
             self._validation_context["vocab_size"] = vocab
@@ -139,11 +142,11 @@ class Engine:
     def abort(self, request_id: str) -> bool:
         """Cancel a request in any state; its blocks are freed at the next step. False if it is
         unknown or already finished."""
-        seqs = self._requests.get(request_id)
-        if not seqs or all(s.is_finished for s in seqs):
+        seqs = self._all_seqs(self._requests.get(request_id, []))
+        if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
             return False
         now = self.executor.now()
-        for seq in self._all_seqs(seqs):
+        for seq in seqs:
             self.scheduler.finish(seq, FinishReason.CANCELLED, now)
         return True
 

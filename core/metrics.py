@@ -2,8 +2,8 @@
 
 Recording is on the hot path: `MetricsCollector.record_step` appends one tuple of ints and floats
 per step and `record_finished` one `RequestRecord` per finished sequence. Everything else
-(percentiles, throughputs, per-tenant splits, the JSON result document) is computed once, at the
-end, by `summarize`, `summarize_by_tenant` and `result_document`.
+(percentiles, throughputs, per-tenant splits, per-window fairness, the JSON result document) is
+computed once, at the end, by `summarize`, `summarize_by_tenant`, `fairness` and `result_document`.
 
 Times are seconds on the engine's clock (virtual in the simulator, wall clock on a real model).
 """
@@ -11,6 +11,7 @@ Times are seconds on the engine's clock (virtual in the simulator, wall clock on
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from enum import Enum
 from typing import Any, Iterable, NamedTuple
 
@@ -344,6 +345,131 @@ def summarize_by_tenant(
     }
 
 
+# ----------------------------------------------------------------------------------------------
+# Fairness
+
+
+def _window_index(bounds: list[float], t: float) -> int:
+    """The window that holds time `t`: the last `k` with `bounds[k] <= t`, clamped to the windows."""
+    return min(max(bisect_right(bounds, t) - 1, 0), len(bounds) - 2)
+
+
+def _jain(xs: list[float]) -> float | None:
+    total, squares = math.fsum(xs), math.fsum(x * x for x in xs)
+    return total * total / (len(xs) * squares) if squares > 0 else None
+
+
+def fairness(
+    records: list[RequestRecord],
+    *,
+    window_s: float = 60.0,
+    w_in: float = 1.0,
+    w_out: float = 1.0,
+    weights: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """How the engine's service was shared between tenants, window by window.
+
+    Whole-run totals hide unfairness (a tenant starved for a minute and served later looks fine),
+    so the run, from its first arrival to its last finish, is cut into windows of `window_s`
+    seconds (the last one may be shorter). The step log carries no tenants, so everything comes
+    from the request records (rejected requests count nowhere):
+
+    - `input`: prompt tokens a request computed, i.e. its prompt minus the prefix-cache hit of its
+      first admission, all counted at its `first_token_s` (the end of its prefill; the chunks of a
+      chunked prefill are not spread) -- recomputation after a preemption is not service;
+    - `output`: output tokens, each at its time in `token_times`;
+    - `service`: `w_in * input + w_out * output` (what a tenant was served, in weighted tokens).
+
+    A tenant is *backlogged* in a window when one of its requests was waiting in it: it had arrived
+    before the window's end and was first scheduled (or ended without running) after its start.
+    This is VTC's notion (a tenant with requests in the queue); a tenant whose requests all run is
+    served as fast as the engine goes and is not compared. Over the backlogged
+    tenants, with `x = service / weight` (`weights`: {tenant: weight}, 1.0 when unlisted):
+
+    - `jain`: Jain's index (sum x)^2 / (n * sum x^2): 1.0 when every backlogged tenant got the same
+      weighted service, 1/n when one got everything; None when no tenant was backlogged or none
+      was served;
+    - `max_service_gap`: the largest difference of `x` between two backlogged tenants (0.0 with
+      one, None with none).
+
+    Returns `{"window_s", "w_in", "w_out", "weights", "windows": [{"start_s", "end_s", "input",
+    "output", "service", "backlogged", "jain", "max_service_gap"}], "min_jain", "mean_jain",
+    "max_service_gap"}`: per-window dicts map every tenant with a non-rejected request to its
+    figure, tenants sorted by name; the last three are over the windows that have a value (None
+    when none has).
+    """
+    if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be a number > 0, got {window_s!r}")
+    for label, w in (("w_in", w_in), ("w_out", w_out)):
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise ValueError(f"{label} must be a number >= 0, got {w!r}")
+    weights = dict(weights or {})
+    for tenant, w in weights.items():
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+            raise ValueError(f"weights[{tenant!r}] must be a number > 0, got {w!r}")
+
+    served = [r for r in records if r.finish_s is not None and r.finish_reason != REJECTED]
+    doc: dict[str, Any] = {
+        "window_s": float(window_s), "w_in": w_in, "w_out": w_out, "weights": weights,
+        "windows": [], "min_jain": None, "mean_jain": None, "max_service_gap": None,
+    }
+    if not served:
+        return doc
+    start = min(r.arrival_s for r in served)
+    end = max(r.finish_s for r in served)
+    n = max(1, math.ceil((end - start) / window_s))
+    bounds = [start + k * window_s for k in range(n + 1)]
+    tenants = sorted({r.tenant for r in served})
+    inputs = [dict.fromkeys(tenants, 0) for _ in range(n)]
+    outputs = [dict.fromkeys(tenants, 0) for _ in range(n)]
+    backlogged: list[set[str]] = [set() for _ in range(n)]
+
+    for r in served:
+        tenant = r.tenant
+        admitted = r.first_scheduled_s if r.first_scheduled_s is not None else r.finish_s
+        for k in range(_window_index(bounds, r.arrival_s), _window_index(bounds, admitted) + 1):
+            backlogged[k].add(tenant)
+        if r.first_token_s is not None:
+            inputs[_window_index(bounds, r.first_token_s)][tenant] += r.prompt_tokens - r.cached_prompt_tokens
+        tt = r.token_times
+        if not tt:
+            continue
+        first, last = _window_index(bounds, tt[0]), _window_index(bounds, tt[-1])
+        if first == last:
+            outputs[first][tenant] += len(tt)
+            continue
+        lo = 0
+        for k in range(first, last):
+            hi = bisect_left(tt, bounds[k + 1], lo)
+            outputs[k][tenant] += hi - lo
+            lo = hi
+        outputs[last][tenant] += len(tt) - lo
+
+    windows, jains, gaps = [], [], []
+    for k in range(n):
+        service = {t: w_in * inputs[k][t] + w_out * outputs[k][t] for t in tenants}
+        active = sorted(backlogged[k])
+        xs = [service[t] / weights.get(t, 1.0) for t in active]
+        jain = _jain(xs) if xs else None
+        gap = max(xs) - min(xs) if xs else None
+        if jain is not None:
+            jains.append(jain)
+        if gap is not None:
+            gaps.append(gap)
+        windows.append({
+            "start_s": bounds[k], "end_s": min(bounds[k + 1], end) if k == n - 1 else bounds[k + 1],
+            "input": inputs[k], "output": outputs[k], "service": service, "backlogged": active,
+            "jain": jain, "max_service_gap": gap,
+        })
+    doc.update(
+        windows=windows,
+        min_jain=min(jains) if jains else None,
+        mean_jain=math.fsum(jains) / len(jains) if jains else None,
+        max_service_gap=max(gaps) if gaps else None,
+    )
+    return doc
+
+
 def _jsonable(value: Any) -> Any:
     """`value` made of JSON types only: containers to dicts and lists, NaN/inf to None, the rest str."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -370,14 +496,24 @@ def result_document(
     *,
     kv_peak_blocks: int,
     wall_s: float,
+    window_s: float = 60.0,
+    service_weights: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The result of one run: `{"policy", "workload", "executor", "config", "summary", "tenants"}`.
+    """The result of one run: `{"policy", "workload", "executor", "config", "summary", "tenants",
+    "fairness"}`.
 
-    `summary` is `summarize` over the whole run, `tenants` is `summarize_by_tenant`. The document
-    holds JSON types only (`json.dumps` needs no `default`) and never a NaN: what cannot be
-    computed is None. `workload` and `executor` should carry a `"name"` for the report's title.
+    `summary` is `summarize` over the whole run, `tenants` is `summarize_by_tenant`, `fairness` is
+    `fairness` over windows of `window_s` seconds, with the token and tenant weights of
+    `service_weights` (`{"w_in", "w_out", "weights"}`, each optional: a weighted-fair policy's own
+    weights, so that its figures measure what it equalises; default 1, 1 and every tenant 1). The
+    document holds JSON types only (`json.dumps` needs no `default`) and never a NaN: what cannot
+    be computed is None. `workload` and `executor` should carry a `"name"` for the report's title.
     """
     kw = dict(max_num_seqs=collector.max_num_seqs, kv_peak_blocks=kv_peak_blocks, wall_s=wall_s)
+    sw = service_weights or {}
+    unknown = set(sw) - {"w_in", "w_out", "weights"}
+    if unknown:
+        raise ValueError(f"service_weights: unknown key(s) {sorted(unknown)}; valid: w_in, w_out, weights")
     return _jsonable({
         "policy": policy,
         "workload": workload,
@@ -385,4 +521,5 @@ def result_document(
         "config": config,
         "summary": summarize(collector.requests, collector.steps, **kw),
         "tenants": summarize_by_tenant(collector.requests, collector.steps, **kw),
+        "fairness": fairness(collector.requests, window_s=window_s, **sw),
     })

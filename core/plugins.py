@@ -127,7 +127,10 @@ class PluginManager:
     def _register(self, name: str, plugin: Any) -> None:
         try:
             self._pm.register(plugin, name=name)
+            self._pm.check_pending()  # a hook name that no spec declares (a typo) is an error
         except (pluggy.PluginValidationError, ValueError) as exc:
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
             raise PluginLoadError(f"plugin {name!r}: {exc}") from exc
         for impl in self._pm.get_hookcallers(plugin) or ():
             for hook_impl in impl.get_hookimpls():

@@ -92,7 +92,8 @@ def format_summary_table(doc: dict) -> str:
 
     A title line (policy, workload, executor), the headline figures, a latency table in
     milliseconds (TTFT, TPOT, ITL, E2E, queue by mean, p50, p90, p95, p99, max) and, when the run
-    had more than one tenant, one line per tenant (requests, completed, tok/s, TTFT p50 and p99).
+    had more than one tenant, the fairness lines (see `format_fairness`) and one line per tenant
+    (requests, completed, tok/s, TTFT p50 and p99).
     """
     s = doc["summary"]
     title = _title(doc)
@@ -109,6 +110,10 @@ def format_summary_table(doc: dict) -> str:
         lines.append("  " + f"{label:<14}" + "".join(f"{_ms(dist.get(f)):>11}" for f in LATENCY_FIELDS))
 
     tenants = doc.get("tenants") or {}
+    fairness = doc.get("fairness") or {}
+    if len(tenants) > 1 and fairness.get("windows"):
+        lines.append("")
+        lines.extend("  " + line for line in format_fairness(fairness))
     if len(tenants) > 1:
         width = max(14, max(len(t) for t in tenants) + 2)
         lines.append("")
@@ -125,8 +130,41 @@ def format_summary_table(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _seconds(v: Any) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def format_fairness(fairness: dict) -> list[str]:
+    """Two lines on a result's `fairness`: Jain's index (min and mean over the windows) and the
+    largest weighted-service gap between backlogged tenants, then the worst window (lowest Jain's
+    index) with its span, index and gap."""
+    lines = [
+        f"fairness over {_seconds(fairness.get('window_s'))} s windows: Jain min "
+        f"{_float(fairness.get('min_jain'), 3)}, mean {_float(fairness.get('mean_jain'), 3)}; "
+        f"max service gap {_float(fairness.get('max_service_gap'), 1)} tokens"
+    ]
+    rated = [w for w in fairness.get("windows") or () if w.get("jain") is not None]
+    if rated:
+        worst = min(rated, key=lambda w: w["jain"])
+        lines.append(
+            f"worst window {worst['start_s']:.1f}-{worst['end_s']:.1f} s: Jain {worst['jain']:.3f}, "
+            f"gap {_float(worst.get('max_service_gap'), 1)} tokens over {len(worst.get('backlogged') or ())} "
+            "backlogged tenants"
+        )
+    return lines
+
+
+FAIRNESS_ROWS = (
+    ("Jain min", "min_jain", lambda v: _float(v, 3)),
+    ("Jain mean", "mean_jain", lambda v: _float(v, 3)),
+    ("max service gap", "max_service_gap", lambda v: _float(v, 1)),
+)
+"""(label, fairness key, formatter) of the fairness rows of the comparison table."""
+
+
 def format_comparison_table(docs: list[dict]) -> str:
-    """The figures of `format_summary_table`, one column per run (headed by its policy name).
+    """The figures of `format_summary_table`, one column per run (headed by its policy name),
+    with the fairness rows (`FAIRNESS_ROWS`) when the documents have them.
 
     Runs with the same policy name get `#2`, `#3`... appended to their header. Latency rows are
     in milliseconds.
@@ -149,6 +187,9 @@ def format_comparison_table(docs: list[dict]) -> str:
             rows.append(
                 (f"{label} {f} (ms)", [_ms((d["summary"].get(key) or {}).get(f)) for d in docs])
             )
+    if any(d.get("fairness") for d in docs):
+        for label, key, fmt in FAIRNESS_ROWS:
+            rows.append((label, [fmt((d.get("fairness") or {}).get(key)) for d in docs]))
 
     label_w = max(len(label) for label, _ in rows) + 2
     col_w = [max(12, len(h) + 2, *(len(vals[i]) + 2 for _, vals in rows)) for i, h in enumerate(headers)]

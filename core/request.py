@@ -71,7 +71,7 @@ class Request(BaseModel):
 
 def engine_limit_problem(request: Request, context: dict | None) -> str | None:
     """What makes `request` unfit for an engine whose limits are in `context` (`max_model_len`,
-    `max_kv_tokens`, `vocab_size`), or None."""
+    `max_kv_tokens`, `max_num_seqs`, `vocab_size`), or None."""
     if not context:
         return None
     prompt = request.prompt_token_ids
@@ -87,6 +87,12 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
         return (
             f"prompt_token_ids + sampling.max_new_tokens = {total} tokens exceeds the KV pool "
             f"(num_blocks * block_size = {max_tokens})"
+        )
+    max_seqs = context.get("max_num_seqs")
+    if max_seqs is not None and request.sampling.n > max_seqs:
+        return (
+            f"sampling.n ({request.sampling.n}) exceeds max_num_seqs={max_seqs}: "
+            "its samples could never run together"
         )
     vocab = context.get("vocab_size")
     if vocab is not None and max(prompt) >= vocab:

@@ -27,18 +27,27 @@ def run_workload(
     oracle_lengths: bool = False,
     vocab_size: int = 32000,
     progress: bool | None = False,
+    window_s: float = 60.0,
 ) -> tuple[dict[str, Any], Engine]:
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
     `metrics.result_document`) and the engine. `oracle_lengths` tells policies each request's
     true output length (`expected_output_tokens`); the result says so in its `workload` field."""
     engine = Engine(config, executor, plugins=plugins or ())
     wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
-    return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths), engine
+    return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s), engine
 
 
-def result_of(engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False) -> dict[str, Any]:
-    """The result document of a finished replay."""
+def result_of(
+    engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False, window_s: float = 60.0
+) -> dict[str, Any]:
+    """The result document of a finished replay; fairness over windows of `window_s` seconds,
+    weighted by the service weights of a plugin that has them (`service_weights`, as
+    `weighted_fair`), else unweighted."""
     config = engine.config
+    plugins = engine.plugins
+    service_weights = next(
+        (w for n in plugins.names() if (w := getattr(plugins.get(n), "service_weights", None))), None
+    )
     workload_info = workload.describe()
     if oracle_lengths:
         workload_info["oracle_lengths"] = True
@@ -50,6 +59,8 @@ def result_of(engine: Engine, workload: Workload, wall_s: float, *, oracle_lengt
         engine.metrics,
         kv_peak_blocks=engine.pool.peak_used_blocks,
         wall_s=wall_s,
+        window_s=window_s,
+        service_weights=service_weights,
     )
 
 
@@ -90,9 +101,12 @@ def replay(
             continue
         engine.step()
         if engine.last_plan_empty:
-            if i < total:
+            wake = engine.scheduler.ctx.wakeup  # a plugin holds requests back until then
+            if wake is not None and wake > now and (i == total or wake < items[i].arrival_s):
+                executor.idle_until(wake)
+            elif i < total:
                 executor.idle_until(items[i].arrival_s)
-            else:
+            if i == total:  # a wake-up counts too: a plugin that keeps asking one is stuck
                 idle += 1
                 if idle >= max_idle_steps:
                     s = engine.scheduler

@@ -42,6 +42,7 @@ class Scheduler:
         self._arrived: list[Sequence] = []
         self._ended: list[Sequence] = []
         self._admissions = 0
+        self._fork_slots = 0  # slots held for the children of running parents not forked yet
         self._budget = config.max_num_batched_tokens
         self._decode_left = 0
         self._prefill_left = 0
@@ -74,6 +75,7 @@ class Scheduler:
         ended, self._ended = self._ended, []
         for seq in ended:
             if self.running.pop(seq, 0) is None:
+                self._fork_slots -= self._unforked(seq)
                 self.pool.release(seq.block_table)
             elif self.swapped.pop(seq, 0) is None:
                 self.swap.free(seq.host_table)
@@ -94,6 +96,7 @@ class Scheduler:
         (The engine reaps ended sequences just before.)"""
         ctx = self.ctx
         ctx.now = now
+        ctx.wakeup = None
         ctx.step += 1
         if self._arrived:
             arrived, self._arrived = self._arrived, []
@@ -207,6 +210,7 @@ class Scheduler:
                 continue
             seq.state = _RUNNING
             self.running[seq] = None
+            self._fork_slots += self._unforked(seq)
             self._admissions += 1
             seq.admitted_seq_no = self._admissions
             if seq.first_scheduled_time is None:
@@ -230,8 +234,7 @@ class Scheduler:
         if n <= 0:
             self._unacquire(seq)
             return None
-        slots = 1 if seq.children else seq.sampling.n
-        if not self._make_room_for(seq, slots, plan):
+        if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
             self._unacquire(seq)
             return None
         if not self._grow(seq, n, plan):
@@ -253,7 +256,7 @@ class Scheduler:
         n = 1 if decode else min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
         if n <= 0:
             return False
-        if not self._make_room_for(seq, 1, plan):
+        if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
             return None
         while True:
             table = self.pool.swap_in(seq.host_table, self.swap, plan.block_ops)
@@ -276,9 +279,16 @@ class Scheduler:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    @staticmethod
+    def _unforked(seq: Sequence) -> int:
+        """The slots the children of `seq` will take when it forks (parallel sampling, at its
+        first token); 0 for a child or a parent that has forked."""
+        return seq.sampling.n - 1 if seq.index == 0 and not seq.children else 0
+
     def _make_room_for(self, seq: Sequence, slots: int, plan: StepPlan) -> bool:
-        """Free `slots` running slots for a candidate, preempting if the policy says so."""
-        while len(self.running) + slots > self.config.max_num_seqs:
+        """Free `slots` running slots for a candidate, preempting if the policy says so. The slots
+        of the children that running parents will fork are taken already."""
+        while len(self.running) + self._fork_slots + slots > self.config.max_num_seqs:
             victim = self._victim(seq, "slots")
             if victim is None:
                 return False
@@ -344,6 +354,7 @@ class Scheduler:
             if seq in plan.admitted:
                 plan.admitted.remove(seq)
         del self.running[seq]
+        self._fork_slots -= self._unforked(seq)
         seq.num_preemptions += 1
         host = None
         if mode == SWAP and self.swap is not None:
@@ -379,6 +390,7 @@ class Scheduler:
     def fork(self, parent: Sequence, n: int) -> list[Sequence]:
         """Create the `n - 1` siblings of `parent` (parallel sampling) once its prompt is
         computed: they share every block, the last partial one included (copy-on-write)."""
+        self._fork_slots -= self._unforked(parent)
         children = []
         for i in range(1, n):
             child = Sequence(

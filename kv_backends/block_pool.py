@@ -43,7 +43,9 @@ class _BlockKey:
 
     __slots__ = ("parent", "tokens", "extra_key", "hash")
 
-    def __init__(self, parent: _BlockKey | None, tokens: tuple, extra_key: Hashable, h: int) -> None:
+    def __init__(
+        self, parent: _BlockKey | None, tokens: tuple, extra_key: Hashable, h: int
+    ) -> None:
         self.parent = parent
         self.tokens = tokens
         self.extra_key = extra_key
@@ -85,9 +87,11 @@ class BlockPool:
     )
 
     _block_hash = staticmethod(hash)
-    """Hash of `(parent_hash, tokens, extra_key)`; a class attribute so tests can force collisions."""
+    """Hash of `(parent_hash, tokens, extra_key)`; a class attribute so tests can collide it."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         assert num_blocks > 0 and block_size > 0, (num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -167,6 +171,8 @@ class BlockPool:
                 best, best_len = -1, 0
                 for b in candidates:
                     key = keys[b]
+                    if not _same_prefix(key.parent, parent):
+                        continue
                     tokens = key.tokens
                     k = 1
                     while k < n and tokens[k] == token_ids[pos + k]:
@@ -181,7 +187,7 @@ class BlockPool:
         return PrefixHit(block_ids, pos)
 
     def acquire(self, block_ids: Iterable[int]) -> None:
-        """Take one reference on each block (typically `lookup`'s hit); cached blocks leave the LRU."""
+        """Take a reference on each block (typically `lookup`'s hit); cached ones leave the LRU."""
         refs, evictable = self._refs, self._evictable
         for b in block_ids:
             if refs[b] == 0:
@@ -234,14 +240,20 @@ class BlockPool:
                     children.add(b)
             parent = key
 
-    def _make_key(self, parent: _BlockKey | None, tokens: tuple, extra_key: Hashable) -> _BlockKey:
+    def _make_key(
+        self, parent: _BlockKey | None, tokens: tuple, extra_key: Hashable
+    ) -> _BlockKey:
         """The key of `tokens` after `parent`: the indexed block's key object if it holds the same
         prefix (so that chains share key objects and compare by identity), else a new one."""
         h = self._block_hash((None if parent is None else parent.hash, tokens, extra_key))
         b = self._index.get(h)
         if b is not None:
             key = self._keys[b]
-            if key.tokens == tokens and key.extra_key == extra_key and _same_prefix(key.parent, parent):
+            if (
+                key.tokens == tokens
+                and key.extra_key == extra_key
+                and _same_prefix(key.parent, parent)
+            ):
                 return key
         return _BlockKey(parent, tokens, extra_key, h)
 
@@ -392,7 +404,7 @@ class BlockPool:
     # -- checks -------------------------------------------------------------------------------
 
     def check_invariants(self, live_tables: Iterable[list[int]]) -> None:
-        """Assert the pool's invariants, given the block tables of every live owner of references."""
+        """Assert the pool's invariants, given the block tables of all live reference owners."""
         n = self.num_blocks
         counts = [0] * n
         for table in live_tables:

@@ -1,0 +1,17 @@
+"""Building blocks for platform teams: plugins that stack on a base policy (or are one).
+
+- `tenant_quota` (`TenantQuota`): per-tenant caps on running requests and token buckets
+  (tokens/s); an admission wrapper that drops over-quota tenants' candidates from any base
+  policy's answer. `--policy fcfs --plugin tenant_quota`
+- `prefix_aware` (`PrefixAware`): a base policy: longest-prefix-match admission (SGLang's LPM)
+  over a window of the oldest waiting requests, with aging so that requests with nothing cached
+  are overtaken only by requests that arrived less than (cache hit / aging_rate) seconds later.
+  `--policy prefix_aware`
+- `slo_classes` (`SLOClasses`): interactive and batch classes (by tenant or priority);
+  interactive decodes are served first within a reserved share of the budget, interactive
+  requests are admitted first and never preempted while a batch request runs; wrappers, so it
+  stacks on any policy. `--policy fcfs --plugin slo_classes`
+
+Each is registered by name in `metroline.core.plugins.SHIPPED`; options go in the config file's
+`[plugin_options.NAME]` table. See each class's docstring and docs/contrib.md.
+"""

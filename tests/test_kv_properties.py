@@ -2,12 +2,13 @@
 
 The shadow model records what each (device block, offset) and each host block holds. The KV of a
 token depends on the token, on every token before it and on the extra key (an adapter, a salt), so
-the model stores `(extra_key, tuple(tokens[: p + 1]))` written at position p. It applies the pool's COPY / SWAP_OUT / SWAP_IN ops
-in order and "writes" every token a request computes into its block table; every write asserts that
-the block is owned by one table and not in the prefix index. After every rule it proves that each
-live request's blocks hold exactly its prefixes at the positions it has computed, so prefix hits,
-copy-on-write, eviction and swapping never hand out wrong KV. The same machine runs again on a pool
-whose block hash takes four values, where collisions (of blocks and of their ancestors) are common.
+the model stores `(extra_key, tuple(tokens[: p + 1]))` written at position p. It applies the pool's
+COPY / SWAP_OUT / SWAP_IN ops in order and "writes" every token a request computes into its block
+table; every write asserts that the block is owned by one table and not in the prefix index. After
+every rule it proves that each live request's blocks hold exactly its prefixes at the positions it
+has computed, so prefix hits, copy-on-write, eviction and swapping never hand out wrong KV. The same
+machine runs again on a pool whose block hash takes four values, where collisions (of blocks and of
+their ancestors) are common.
 """
 
 from hypothesis import HealthCheck, settings

@@ -272,7 +272,7 @@ def document(collector, policy="fcfs") -> dict:
 
 def test_result_document_json_round_trip(collector, tmp_path):
     doc = document(collector)
-    assert set(doc) == {"policy", "workload", "executor", "config", "summary", "tenants"}
+    assert set(doc) == {"policy", "workload", "executor", "config", "summary", "tenants", "fairness"}
     text = json.dumps(doc, allow_nan=False)
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == doc

@@ -1,0 +1,264 @@
+"""`tenant_quota`: per-tenant caps on running requests and on token rate, stacked on any policy.
+
+Stack it on a base policy (`--policy fcfs --plugin tenant_quota`); it only removes candidates from
+the base policy's `admission` answer and keeps its order and its head-of-line choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any
+
+from ..core.candidates import Candidates
+from ..core.context import StepContext
+from ..core.hookspecs import hookimpl
+from ..core.sequence import SeqState, Sequence
+
+_RUNNING = SeqState.RUNNING
+_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
+_EPS = 1e-9  # tokens: a bucket that refilled to `need` up to rounding holds `need`
+
+
+def _int_at_least(option: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"tenant_quota option {option} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _positive_number(option: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"tenant_quota option {option} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _tenant_table(option: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"tenant_quota option {option} must be a table {{tenant: limit}}, got {value!r}")
+    return value
+
+
+class _Bucket:
+    """A token bucket: `level` tokens, refilled at `rate` tokens/s up to `burst`."""
+
+    __slots__ = ("rate", "burst", "level", "last")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.level, self.last = rate, burst, burst, now
+
+    def refill(self, now: float) -> float:
+        if now > self.last:
+            level = self.level + self.rate * (now - self.last)
+            self.level = level if level < self.burst else self.burst
+            self.last = now
+        return self.level
+
+
+class TenantQuota:
+    """Per-tenant quotas: a cap on running requests and a token rate, on top of any base policy.
+
+    Decides: which of the base policy's admission candidates may be tried this step. It is an
+    admission *wrapper*: it takes whatever the policies below it answered (a `Candidates` or any
+    iterable), keeps their order and head-of-line behaviour (a plain iterable means head-of-line),
+    and lazily drops the candidates of tenants that are over quota. A dropped candidate never
+    blocks the queue: the ones behind it (other tenants) are still tried, even under a
+    head-of-line base policy. Tenants without a limit pass through untouched.
+
+    Options (`[plugin_options.tenant_quota]`):
+
+    - `max_running` {tenant: n >= 1}: at most n of the tenant's sequences run at once.
+    - `default_max_running` n >= 1: the cap of every tenant not named in `max_running`
+      (default: no cap).
+    - `token_rate` {tenant: tokens/s > 0} and `default_token_rate` (tokens/s, for the tenants not
+      named): a token bucket per tenant that holds at most `burst` tokens, starts full and refills
+      at the rate on the engine clock (`ctx.now`). A request is charged its prompt tokens when it
+      is first admitted (a readmission after preemption is not charged again) and one token per
+      generated token (`on_tokens`). A not-yet-charged candidate passes only when its tenant's
+      bucket holds its prompt tokens (or is full, for a prompt longer than `burst`); the bucket
+      may go negative by generated tokens, which blocks the tenant's admissions until it refills.
+    - `burst` tokens > 0: the bucket size (default: one second of the tenant's rate).
+
+    Guarantee (token rate): for every admission of a tenant at time t, the tokens charged to that
+    tenant over any window [t0, t] (admissions at t included) are at most
+    `burst + rate * (t - t0)`, when no prompt is longer than `burst` (a longer one raises the
+    bound to its length). Tokens generated after the tenant's last admission are not refused
+    (running requests are never stopped): they are bounded by what its running requests still
+    generate, and are paid back before its next admission.
+
+    Guarantee (running cap): a tenant never has more running sequences than its cap. The count
+    is kept incrementally (admissions, preemptions, finishes, including candidates admitted
+    earlier in the same step); a request with `n > 1` samples is counted as `n` from its
+    admission (its samples are forked later).
+
+    Simulation: while only held-back requests wait, nothing else moves a simulated clock, so a
+    refused candidate calls `ctx.wake_at(time its bucket holds enough)`; the workload replay idles
+    the clock to it.
+
+    Cost: O(1) per candidate the scheduler pulls, O(1) per sequence an observer reports.
+    Over-quota candidates are still pulled from the base answer (and dropped), so a step also
+    pays for the over-quota requests queued ahead of the first admissible one.
+
+    Head-of-line or skip: the base policy's choice for candidates within quota; over-quota ones
+    are skipped. Victim rule: none (the base policy's `select_victim` is unchanged).
+    """
+
+    name = "tenant_quota"
+
+    def __init__(
+        self,
+        max_running: dict[str, int] | None = None,
+        default_max_running: int | None = None,
+        token_rate: dict[str, float] | None = None,
+        default_token_rate: float | None = None,
+        burst: float | None = None,
+    ) -> None:
+        self.max_running = {
+            str(t): _int_at_least(f"max_running[{t!r}]", n, 1)
+            for t, n in _tenant_table("max_running", max_running).items()
+        }
+        self.default_max_running = (
+            None if default_max_running is None else _int_at_least("default_max_running", default_max_running, 1)
+        )
+        self.token_rate = {
+            str(t): _positive_number(f"token_rate[{t!r}]", r)
+            for t, r in _tenant_table("token_rate", token_rate).items()
+        }
+        self.default_token_rate = (
+            None if default_token_rate is None else _positive_number("default_token_rate", default_token_rate)
+        )
+        self.burst = None if burst is None else _positive_number("burst", burst)
+        self.running: dict[str, int] = {}
+        """Running sequences per tenant (the sum of `_slots` over the tenant's sequences)."""
+        self._slots: dict[Sequence, int] = {}
+        """Slots charged to each counted running sequence."""
+        self._buckets: dict[str, _Bucket | None] = {}
+        self._paid: set[Sequence] = set()
+        """Sequences whose prompt was charged to their tenant's bucket."""
+        self._rated = bool(self.token_rate) or self.default_token_rate is not None
+
+    # --- limits ----------------------------------------------------------------------------------
+
+    def cap(self, tenant: str) -> int | None:
+        """The running cap of `tenant`, or None."""
+        return self.max_running.get(tenant, self.default_max_running)
+
+    def bucket(self, tenant: str, now: float) -> _Bucket | None:
+        """The token bucket of `tenant` (made full at its first use), or None when not rated."""
+        try:
+            return self._buckets[tenant]
+        except KeyError:
+            rate = self.token_rate.get(tenant, self.default_token_rate)
+            b = None if rate is None else _Bucket(rate, self.burst if self.burst is not None else rate, now)
+            self._buckets[tenant] = b
+            return b
+
+    def _allowed(self, seq: Sequence, ctx: StepContext, now: float) -> bool:
+        tenant = seq.tenant
+        cap = self.max_running.get(tenant, self.default_max_running)
+        if cap is not None:
+            need = seq.sampling.n if seq.sampling.n > 1 and not seq.children and seq.parent is None else 1
+            if self.running.get(tenant, 0) + need > cap:
+                return False
+        if self._rated and seq not in self._paid:
+            b = self.bucket(tenant, now)
+            if b is not None:
+                level = b.refill(now)
+                need = seq.num_prompt_tokens
+                if need > b.burst:
+                    need = b.burst
+                if level + _EPS < need:
+                    ctx.wake_at(now + (need - level) / b.rate)  # when the bucket holds enough
+                    return False
+        return True
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _count(self, seq: Sequence, slots: int) -> None:
+        if seq not in self._slots:
+            self._slots[seq] = slots
+            self.running[seq.tenant] = self.running.get(seq.tenant, 0) + slots
+
+    def _uncount(self, seq: Sequence) -> None:
+        slots = self._slots.pop(seq, 0)
+        if slots:
+            self.running[seq.tenant] -= slots
+
+    def _admitted(self, seq: Sequence, now: float) -> None:
+        """`seq` was just admitted by the scheduler (seen between two pulls of the candidates)."""
+        n = seq.sampling.n
+        self._count(seq, n if n > 1 and not seq.children and seq.parent is None else 1)
+        if self._rated and seq not in self._paid:
+            b = self.bucket(seq.tenant, now)
+            if b is not None:
+                b.refill(now)
+                b.level -= seq.num_prompt_tokens
+                self._paid.add(seq)
+
+    def _filtered(self, items: Iterable[Sequence], ctx: StepContext) -> Iterator[Sequence]:
+        it = iter(items)
+        now = ctx.now
+        last = None
+        try:
+            for seq in it:
+                if last is not None:
+                    if last.state is _RUNNING:
+                        self._admitted(last, now)
+                    last = None
+                if seq.state not in _QUEUED:
+                    yield seq  # stale: the scheduler skips it
+                elif self._allowed(seq, ctx, now):
+                    last = seq
+                    yield seq
+        finally:
+            if last is not None and last.state is _RUNNING:
+                self._admitted(last, now)
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # give the base policy's generator its cleanup (e.g. LazyHeap put-back)
+
+    # --- hooks -----------------------------------------------------------------------------------
+
+    @hookimpl(wrapper=True)
+    def admission(self, ctx: StepContext) -> Generator[None, Any, Candidates | None]:
+        answer = yield
+        if answer is None:
+            return None
+        return Candidates(self._filtered(answer, ctx), getattr(answer, "head_of_line", True))
+
+    @hookimpl
+    def on_admitted(self, ctx: StepContext, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if seq in self._slots:
+                continue
+            parent = seq.parent
+            if parent is not None and self._slots.get(parent, 0) > 1:
+                # a forked sample: it takes one of the slots charged to its parent at admission
+                self._slots[parent] -= 1
+                self._slots[seq] = 1
+            else:
+                self._admitted(seq, ctx.now)
+
+    @hookimpl
+    def on_preempted(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._uncount(seq)
+
+    @hookimpl
+    def on_finished(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._uncount(seq)
+            self._paid.discard(seq)
+
+    @hookimpl
+    def on_tokens(self, ctx: StepContext, seqs: list[Sequence]) -> None:
+        if not self._rated:
+            return
+        now, buckets = ctx.now, self._buckets
+        for seq in seqs:
+            tenant = seq.tenant
+            b = buckets[tenant] if tenant in buckets else self.bucket(tenant, now)
+            if b is not None:
+                b.refill(now)
+                b.level -= 1
+

@@ -1,0 +1,193 @@
+"""`reserve`: admission that keeps KV blocks in reserve, so that requests are not admitted only to
+be preempted a few steps later when the running ones grow.
+
+A `wrapper=True` `admission` hookimpl: it filters, lazily and in order, the candidates that the
+ordering policy below it answers, so it stacks on any policy (`--policy srpt --plugin reserve`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from ..core.candidates import Candidates
+from ..core.context import StepContext
+from ..core.hookspecs import hookimpl
+from ..core.sequence import SeqState, Sequence
+
+_RUNNING, _WAITING, _SWAPPED = SeqState.RUNNING, SeqState.WAITING, SeqState.SWAPPED
+
+
+class ReserveBlocks:
+    """`reserve`: admit a candidate only if the KV pool keeps a reserve after it.
+
+    Decides which of the base policy's admission candidates may be admitted (order unchanged).
+    When the scheduler pulls a candidate, it passes only if, after the blocks of its whole
+    remaining prompt (a waiting sequence's uncomputed tokens, minus what the prefix cache holds; a
+    swapped sequence's host blocks), the free blocks (`ctx.num_free_blocks()` at that moment, the
+    scheduler admitting lazily) stay at or above
+
+    - a watermark of `watermark * num_blocks` blocks (vLLM's `watermark`), plus
+    - the prompt blocks still to come of the prompts in flight: running partial prefills (a
+      chunked prompt takes its blocks chunk by chunk) and the candidates admitted earlier in the
+      same step, plus
+    - with `new_token_ratio` set (SGLang style), the blocks of `new_token_ratio x` the output
+      tokens still to come (`max_new_tokens - output so far`) of every running sequence and of the
+      candidate.
+
+    A refused candidate is treated like one that does not fit in the free blocks: under a
+    head-of-line answer it stops admission for the step (nothing overtakes it); under a skipping
+    answer (`Candidates(..., head_of_line=False)`) it is skipped. The inner answer's head-of-line
+    flag is kept. When nothing runs and nothing was admitted yet in the step, the first candidate
+    passes whatever the reserve: there is no running request to protect, and refusing it could
+    stall the engine forever (its blocks are still checked by the scheduler).
+
+    Options:
+    - `watermark` (float in [0, 1), default 0.01): the share of the pool kept free;
+    - `new_token_ratio` (float in (0, 1] or None, default None): the share of the remaining output
+      tokens reserved (e.g. 0.4); None reserves no output tokens.
+
+    No budget split, no victim rule: preemption still happens (a reserve based on a ratio is an
+    estimate), just less often.
+    """
+
+    name = "reserve"
+
+    def __init__(self, watermark: float = 0.01, new_token_ratio: float | None = None) -> None:
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
+            raise ValueError(f"reserve: option watermark must be a number in [0, 1), got {watermark!r}")
+        if new_token_ratio is not None and (
+            isinstance(new_token_ratio, bool)
+            or not isinstance(new_token_ratio, (int, float))
+            or not 0.0 < new_token_ratio <= 1.0
+        ):
+            raise ValueError(
+                f"reserve: option new_token_ratio must be a number in (0, 1] or None, got {new_token_ratio!r}"
+            )
+        self.watermark = float(watermark)
+        self.new_token_ratio = None if new_token_ratio is None else float(new_token_ratio)
+        # Sum over running sequences of their remaining output tokens (max_new_tokens - output):
+        # +remaining at admission, -1 per token, -remaining when they stop running.
+        self._running: set[Sequence] = set()
+        self._remaining_outputs = 0
+        # running sequences admitted in the middle of a prefill (pruned lazily once they decode)
+        self._prefilling: dict[Sequence, None] = {}
+        self.refused = 0
+        """How many times a candidate was refused (a counter for tests and reports)."""
+
+    # --- the running sequences' remaining outputs, kept incrementally --------------------------
+
+    @staticmethod
+    def _remaining(seq: Sequence) -> int:
+        return max(0, seq.sampling.max_new_tokens - (len(seq.token_ids) - seq.num_prompt_tokens))
+
+    @classmethod
+    def _expected(cls, seq: Sequence) -> int:
+        """Output tokens still to come of `seq` and, before they are forked, its `n - 1` siblings."""
+        n = seq.sampling.n
+        return cls._remaining(seq) * (n if n > 1 and not seq.children and seq.index == 0 else 1)
+
+    @hookimpl
+    def on_admitted(self, seqs: list[Sequence]) -> None:
+        prefilling = self._prefilling
+        for s in seqs:
+            if not s.is_decoding:
+                prefilling[s] = None
+        if self.new_token_ratio is None:
+            return
+        running = self._running
+        for s in seqs:
+            if s not in running:
+                running.add(s)
+                self._remaining_outputs += self._remaining(s)
+
+    @hookimpl
+    def on_tokens(self, seqs: list[Sequence]) -> None:
+        if self.new_token_ratio is not None:
+            self._remaining_outputs -= len(seqs)  # every sequence that got a token is running
+
+    def _stop(self, seqs: list[Sequence]) -> None:
+        running = self._running
+        for s in seqs:
+            if s in running:
+                running.discard(s)
+                self._remaining_outputs -= self._remaining(s)
+
+    @hookimpl
+    def on_preempted(self, seqs: list[Sequence]) -> None:
+        if self.new_token_ratio is not None:
+            self._stop(seqs)
+
+    @hookimpl
+    def on_finished(self, seqs: list[Sequence]) -> None:
+        if self.new_token_ratio is not None:
+            self._stop(seqs)
+
+    # --- admission -----------------------------------------------------------------------------
+
+    @hookimpl(wrapper=True)
+    def admission(self, ctx: StepContext) -> Any:
+        answer = yield
+        if answer is None:
+            return None
+        head_of_line = getattr(answer, "head_of_line", True)
+        return Candidates(self._filter(ctx, iter(answer), head_of_line), head_of_line)
+
+    def _in_flight_prompt_blocks(self, block_size: int) -> int:
+        """Blocks the running partial prefills still need for the rest of their prompts."""
+        blocks = 0
+        prefilling = self._prefilling
+        for s in list(prefilling):
+            if s.state is not _RUNNING or s.is_decoding:
+                del prefilling[s]
+            else:
+                blocks += max(0, -(-len(s.token_ids) // block_size) - len(s.block_table))
+        return blocks
+
+    def _filter(self, ctx: StepContext, candidates: Iterator[Sequence], head_of_line: bool) -> Iterator[Sequence]:
+        block_size = ctx.block_size
+        watermark = int(self.watermark * ctx.num_blocks)
+        ratio = self.new_token_ratio
+        caching = ctx.config.enable_prefix_caching
+        reserved_tokens = self._remaining_outputs * ratio if ratio is not None else 0.0
+        pending_blocks = self._in_flight_prompt_blocks(block_size)
+        unprotected = not ctx.running
+        previous: Sequence | None = None
+        previous_need = 0
+        try:
+            for seq in candidates:
+                if previous is not None and previous.state is _RUNNING:
+                    # the scheduler admitted the last one: its first chunk's blocks are now taken
+                    # from the free count; the rest of its prompt and its outputs stay reserved
+                    pending_blocks += max(0, previous_need - len(previous.block_table))
+                    if ratio is not None:
+                        reserved_tokens += ratio * self._expected(previous)
+                    unprotected = False
+                previous = None
+                state = seq.state
+                if state is not _WAITING and state is not _SWAPPED:
+                    continue  # stale (already running or finished): the scheduler would skip it
+                if state is _SWAPPED:
+                    need = len(seq.host_table) + 1
+                    total_need = need
+                else:
+                    num_tokens = len(seq.token_ids)
+                    cached = ctx.cached_prefix_tokens(seq) if caching else 0
+                    total_need = -(-num_tokens // block_size)
+                    need = total_need - cached // block_size
+                if not unprotected:
+                    reserve = watermark + pending_blocks
+                    if ratio is not None:
+                        reserve += math.ceil((reserved_tokens + ratio * self._expected(seq)) / block_size)
+                    if ctx.num_free_blocks() - need < reserve:
+                        self.refused += 1
+                        if head_of_line:
+                            return
+                        continue
+                previous, previous_need = seq, total_need
+                yield seq
+        finally:
+            close = getattr(candidates, "close", None)
+            if close is not None:
+                close()

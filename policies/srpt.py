@@ -1,0 +1,252 @@
+"""`srpt`: shortest remaining processing time first, with an optional starvation guard.
+
+A request's remaining processing time is `prefill_weight x tokens still to prefill + output tokens
+still to generate`. Tokens to prefill are its prompt, or after a recompute preemption everything it
+must compute again. The weight says what a prefill token costs next to an output token: a step
+decodes one token per request but prefills up to `max_num_batched_tokens` tokens, so the default
+weight, `1 / max_num_batched_tokens`, counts the remaining time in steps; 1.0 counts tokens alike
+(which, on prompts several times longer than outputs, orders mostly by prompt length).
+
+The expected output length is the request's `expected_output_tokens` hint when it has one
+(`--oracle-lengths` sets it to the true length in simulation), else the answer of the
+`estimate_output_tokens` hook, which `srpt` itself answers last (`trylast`) with a running mean per
+tenant of finished requests' output lengths. An estimate above `max_new_tokens` counts as
+`max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+
+from ..core.candidates import Candidates
+from ..core.context import StepContext
+from ..core.hookspecs import hookimpl
+from ..core.lazy_heap import LazyHeap
+from ..core.sequence import FinishReason, SeqState, Sequence
+
+_RUNNING = SeqState.RUNNING
+_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
+_COMPLETED = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+
+
+def tokens_to_prefill(seq: Sequence) -> int:
+    """Known tokens still to compute before `seq` decodes: its prompt when new, the rest of it in
+    the middle of a prefill, every known token but the newest after a recompute preemption, 0 while
+    decoding."""
+    n = seq.num_uncomputed_tokens
+    if len(seq.token_ids) > seq.num_prompt_tokens:
+        n -= 1  # the newest output token is the input of the next decode, not prefill
+    return max(0, n)
+
+
+class RemainingQueue:
+    """Waiting sequences by (remaining tokens, arrival), each keyed when pushed.
+
+    Unlike `LazyHeap`, pushing a sequence again (after a preemption) replaces its key: every push
+    bumps the sequence's version and older entries are dropped when they reach the top. The heap
+    is rebuilt when dead entries outnumber the waiting ones, so it stays O(waiting).
+    """
+
+    __slots__ = ("_heap", "_version")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, float, int, int, int, Sequence]] = []
+        self._version: dict[Sequence, int] = {}
+
+    def push(self, seq: Sequence, remaining: float, num_queued: int) -> None:
+        v = self._version.get(seq, 0) + 1
+        self._version[seq] = v
+        heapq.heappush(self._heap, (remaining, seq.arrival_time, seq.arrival_no, seq.index, v, seq))
+        if len(self._heap) > 2 * num_queued + 64:
+            version = self._version
+            self._heap = [e for e in self._heap if e[5].state in _QUEUED and version.get(e[5]) == e[4]]
+            heapq.heapify(self._heap)
+
+    def discard(self, seq: Sequence) -> None:
+        """Forget a sequence that ended (its entries become dead)."""
+        self._version.pop(seq, None)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def ordered(self) -> Iterator[Sequence]:
+        """Yield queued sequences, fewest remaining tokens first; those still queued when the
+        consumer stops are put back."""
+        heap, version = self._heap, self._version
+        taken = []
+        try:
+            while heap:
+                entry = heapq.heappop(heap)
+                seq = entry[5]
+                if seq.state not in _QUEUED or version.get(seq) != entry[4]:
+                    continue
+                taken.append(entry)
+                yield seq
+        finally:
+            for entry in taken:
+                if entry[5].state in _QUEUED:
+                    heapq.heappush(heap, entry)
+
+
+class SRPT:
+    """Admits the request with the shortest remaining processing time first.
+
+    Decides:
+
+    - **admission**: waiting (and swapped) requests by remaining processing time,
+      `prefill_weight x tokens still to prefill + expected output tokens still to generate`
+      (least first), ties by arrival. It is computed when the request joins the queue (arrival,
+      preemption) and kept while it waits: the queue is a heap keyed at push, never re-sorted.
+      **Head-of-line**: a candidate whose KV blocks do not fit stops admission for the step
+      (so the cost of a step stays proportional to what it admits, and freed blocks go to the
+      shortest request rather than to ever smaller ones).
+    - **starvation guard** (`max_wait_s`): a request that has waited longer than `max_wait_s`
+      seconds since its arrival is promoted ahead of every other candidate, first come first served
+      among the promoted ones, head-of-line like the rest.
+    - **victim**: for a running request that needs a KV block, the running request with the longest
+      remaining processing time (possibly the requester itself). A waiting request never preempts a
+      running one (SRPT here is non-preemptive at admission).
+    - **estimate_output_tokens** (answered last, so any other plugin's estimate wins): the mean
+      output length of the requests of the same tenant that completed so far, rounded;
+      `prior_output_tokens` until the tenant has one.
+
+    Options (`[plugin_options.srpt]`):
+
+    - `prior_output_tokens` (int >= 0, default 128): the estimate for a tenant with no finished
+      request yet.
+    - `max_wait_s` (float >= 0 or None, default None: no guard): the wait after which a request is
+      promoted.
+    - `prefill_weight` (float >= 0 or None, default None: `1 / max_num_batched_tokens`): what one
+      token to prefill counts for, next to one output token to generate.
+
+    Guard bound: let R become overdue at `t = arrival(R) + max_wait_s`. Requests arriving later
+    become overdue later and queue behind it, so only the `Q` requests that arrived before R and
+    are still waiting at `t` are admitted before it. With `S = max_num_seqs` slots, no preemption
+    and every admitted request holding its slot at most `H` seconds, R waits at most
+    `max_wait_s + step + ceil((Q + 1) / S) * H` (`step`: the promotion is seen at the next step).
+    """
+
+    name = "srpt"
+
+    def __init__(
+        self, prior_output_tokens: int = 128, max_wait_s: float | None = None, prefill_weight: float | None = None
+    ) -> None:
+        if isinstance(prior_output_tokens, bool) or not isinstance(prior_output_tokens, int) or prior_output_tokens < 0:
+            raise ValueError(f"prior_output_tokens must be an int >= 0, got {prior_output_tokens!r}")
+        if max_wait_s is not None and (
+            isinstance(max_wait_s, bool)
+            or not isinstance(max_wait_s, (int, float))
+            or not (math.isfinite(max_wait_s) and max_wait_s >= 0)
+        ):
+            raise ValueError(f"max_wait_s must be a finite number of seconds >= 0 or None, got {max_wait_s!r}")
+        if prefill_weight is not None and (
+            isinstance(prefill_weight, bool)
+            or not isinstance(prefill_weight, (int, float))
+            or not (math.isfinite(prefill_weight) and prefill_weight >= 0)
+        ):
+            raise ValueError(f"prefill_weight must be a finite number >= 0 or None, got {prefill_weight!r}")
+        self.prior_output_tokens = prior_output_tokens
+        self.prefill_weight = None if prefill_weight is None else float(prefill_weight)
+        self.max_wait_s = None if max_wait_s is None else float(max_wait_s)
+        self.expected: dict[Sequence, int] = {}  # total output tokens expected, per live sequence
+        self.tenant_stats: dict[str, list[int]] = {}  # tenant -> [sum of output tokens, count]
+        self.queue = RemainingQueue()
+        self.by_arrival = None  # the guard's queue, by arrival
+        if max_wait_s is not None:
+            self.by_arrival = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+
+    # --- estimates -----------------------------------------------------------------------------
+
+    def expected_output(self, ctx: StepContext, seq: Sequence) -> int:
+        """The total output length expected of `seq` (the hint, else the hook), cached per sequence."""
+        est = self.expected.get(seq)
+        if est is None:
+            est = seq.expected_output_tokens
+            if est is None:
+                est = ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)
+                if est is None:
+                    est = self.prior_output_tokens
+                elif isinstance(est, bool) or not isinstance(est, int) or est < 0:
+                    raise ValueError(
+                        f"estimate_output_tokens answered {est!r} for {seq.seq_id!r}; expected an int >= 0"
+                    )
+            self.expected[seq] = est
+        return est
+
+    def remaining(self, ctx: StepContext, seq: Sequence) -> float:
+        """`prefill_weight` x tokens still to prefill + expected output tokens still to generate."""
+        weight = self.prefill_weight
+        if weight is None:
+            weight = 1.0 / ctx.config.max_num_batched_tokens
+        return weight * tokens_to_prefill(seq) + seq.remaining_output_tokens(self.expected_output(ctx, seq))
+
+    @hookimpl(trylast=True)
+    def estimate_output_tokens(self, seq: Sequence) -> int:
+        stats = self.tenant_stats.get(seq.tenant)
+        if not stats:
+            return self.prior_output_tokens
+        return round(stats[0] / stats[1])
+
+    # --- observers -----------------------------------------------------------------------------
+
+    def _push(self, ctx: StepContext, seqs: list[Sequence]) -> None:
+        push, remaining = self.queue.push, self.remaining
+        n = len(ctx.waiting) + len(ctx.swapped)
+        for s in seqs:
+            push(s, remaining(ctx, s), n)
+        if self.by_arrival is not None:
+            push = self.by_arrival.push
+            for s in seqs:
+                push(s)
+
+    @hookimpl
+    def on_arrival(self, ctx: StepContext, seqs: list[Sequence]) -> None:
+        self._push(ctx, seqs)
+
+    @hookimpl
+    def on_preempted(self, ctx: StepContext, seqs: list[Sequence]) -> None:
+        self._push(ctx, seqs)
+
+    @hookimpl
+    def on_finished(self, seqs: list[Sequence]) -> None:
+        stats, expected, discard = self.tenant_stats, self.expected, self.queue.discard
+        for s in seqs:
+            expected.pop(s, None)
+            discard(s)
+            if s.finish_reason in _COMPLETED:
+                st = stats.get(s.tenant)
+                if st is None:
+                    stats[s.tenant] = [s.num_output_tokens, 1]
+                else:
+                    st[0] += s.num_output_tokens
+                    st[1] += 1
+
+    # --- decisions -----------------------------------------------------------------------------
+
+    @hookimpl
+    def admission(self, ctx: StepContext) -> Candidates:
+        if self.by_arrival is None:
+            return Candidates(self.queue.ordered(), head_of_line=True)
+        return Candidates(self._guarded(ctx.now - self.max_wait_s), head_of_line=True)
+
+    def _guarded(self, overdue_before: float) -> Iterator[Sequence]:
+        """The overdue requests (arrived before `overdue_before`) first come first served, then the
+        rest shortest first."""
+        oldest = self.by_arrival.ordered()
+        try:
+            for seq in oldest:
+                if seq.arrival_time >= overdue_before:
+                    break
+                yield seq
+        finally:
+            oldest.close()  # puts back the first one that is not overdue
+        yield from self.queue.ordered()
+
+    @hookimpl
+    def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
+        if requester.state is not _RUNNING:
+            return None
+        remaining = self.remaining
+        return max(ctx.running, key=lambda s: (remaining(ctx, s), s.arrival_time, s.arrival_no, s.index))

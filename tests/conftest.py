@@ -1,0 +1,113 @@
+"""Shared helpers for the engine-level tests: small engines, requests, and an executor that records
+what every step plan asked for."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from metroline.core.config import EngineConfig
+from metroline.core.engine import Engine
+from metroline.core.plan import StepPlan, StepResult
+from metroline.executors.cost_models import make_cost_model
+from metroline.executors.simulated import SimulatedExecutor
+
+STEP = 0.01
+"""Seconds per step of the `steps` cost model the helpers use (its default)."""
+
+
+def tokens(tag: int, n: int) -> list[int]:
+    """`n` prompt tokens unique to `tag` (no prefix is shared between different tags, n < 100000)."""
+    return [tag * 100_000 + i + 1 for i in range(n)]
+
+
+def request(rid: str, prompt: int | list[int], max_new: int = 4, **kw: Any) -> dict[str, Any]:
+    """A request dict: `prompt` is a token list or a length (then tokens unique to the id);
+    `kw` goes to the sampling params, except `tenant`, `priority`, `arrival_time`, `cache_salt`."""
+    if isinstance(prompt, int):
+        prompt = tokens(zlib.crc32(rid.encode()) + 1, prompt)
+    top = {k: kw.pop(k) for k in ("tenant", "priority", "arrival_time", "cache_salt") if k in kw}
+    return {
+        "request_id": rid,
+        "prompt_token_ids": list(prompt),
+        "sampling": {"max_new_tokens": max_new, **kw},
+        **top,
+    }
+
+
+class PlanRecord:
+    """A snapshot of one executed plan, taken before the scheduler advanced the sequences."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.step = plan.step
+        self.scheduled = {s.seq_id: n for s, n in plan.scheduled.items()}
+        self.starts = {s.seq_id: s.num_computed_tokens for s in plan.scheduled}
+        self.block_ops = list(plan.block_ops)
+        self.admitted = [s.seq_id for s in plan.admitted]
+        self.preempted = [(s.seq_id, s.state.name) for s in plan.preempted]
+        self.num_prefill_tokens = plan.num_prefill_tokens
+        self.num_decode_tokens = plan.num_decode_tokens
+        self.sample = [s.seq_id for s in plan.sample_seqs]
+
+    def __repr__(self) -> str:
+        return f"PlanRecord(step={self.step}, scheduled={self.scheduled}, ops={self.block_ops})"
+
+
+class RecordingExecutor(SimulatedExecutor):
+    """The simulated executor (`steps` cost model, 0.01 s a step) that keeps a `PlanRecord` of
+    every plan it runs in `plans`, and calls `on_execute(plan)` first when given (which may raise
+    to simulate a failing step)."""
+
+    def __init__(self, on_execute: Any = None) -> None:
+        super().__init__(make_cost_model("steps", step_time=STEP))
+        self.plans: list[PlanRecord] = []
+        self.on_execute = on_execute
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.plans.append(PlanRecord(plan))
+        if self.on_execute is not None:
+            self.on_execute(plan)
+        return super().execute(plan)
+
+
+def make_engine(
+    *, plugins: Any = (), specs: Any = (), eos_token_id: int | None = None, executor: Any = None, **config: Any
+) -> Engine:
+    """An engine on a `RecordingExecutor` (small defaults: block_size 4, 64 blocks).
+
+    `plugins`: plugin objects stacked on top; `specs`: plugin specs for `EngineConfig.plugins`;
+    `config`: the other `EngineConfig` fields."""
+    fields = {"block_size": 4, "num_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 64}
+    fields.update(config, plugins=list(specs))
+    return Engine(
+        EngineConfig(**fields), executor or RecordingExecutor(), plugins=plugins, eos_token_id=eos_token_id
+    )
+
+
+def live_tables(engine: Engine) -> list[list[int]]:
+    """The block tables of every sequence that holds device blocks."""
+    s = engine.scheduler
+    return [q.block_table for q in (*s.running, *s.waiting, *s.swapped) if q.block_table]
+
+
+def run_to_end(engine: Engine, max_steps: int = 100_000) -> int:
+    """Step until nothing is left, checking the pool invariants after every step; returns the
+    number of steps."""
+    n = 0
+    while engine.has_unfinished():
+        engine.step()
+        engine.pool.check_invariants(live_tables(engine))
+        n += 1
+        assert n < max_steps, "the engine does not finish"
+    return n
+
+
+def assert_pool_drained(engine: Engine) -> None:
+    """After every request ended: nothing referenced, every block free or evictable."""
+    pool = engine.pool
+    pool.check_invariants([])
+    assert pool.num_used_blocks() == 0
+    assert pool.num_free_blocks() == pool.num_blocks
+    swap = engine.scheduler.swap
+    if swap is not None:
+        assert swap.num_free_blocks() == swap.num_blocks

@@ -1,0 +1,124 @@
+"""auto_preemption: swap while few requests are swapped out, recompute beyond the cap."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from metroline.core.config import EngineConfig
+from metroline.core.engine import Engine
+from metroline.core.errors import PluginError
+from metroline.core.hookspecs import hookimpl
+from metroline.core.preemption import Preempt
+from metroline.core.request import Request, SamplingParams
+from metroline.core.runner import run_workload
+from metroline.core.sequence import SeqState, Sequence
+from metroline.core.workloads import SyntheticSpec, Workload, generate, segment_tokens
+from metroline.executors.cost_models import make_cost_model
+from metroline.executors.simulated import SimulatedExecutor
+from metroline.policies.auto_preemption import AutoPreemption
+
+
+class Decisions:
+    """An outer wrapper recording each answer of select_victim with the queue lengths it saw."""
+
+    name = "decisions"
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, int, str]] = []
+
+    @hookimpl(wrapper=True)
+    def select_victim(self, ctx, requester, reason):
+        answer = yield
+        if answer is not None:
+            self.log.append((len(ctx.swapped), len(ctx.running), answer[1]))
+        return answer
+
+
+def workload() -> Workload:
+    spec = SyntheticSpec(num_requests=100, rate=200.0, prompt_len={"dist": "uniform", "low": 16, "high": 300},
+                         output_len={"dist": "uniform", "low": 16, "high": 200}, seed=0)
+    return Workload("auto", generate(spec, namespace="auto-test"))
+
+
+def run(share: float, swap_space_blocks: int = 512) -> tuple[AutoPreemption, Decisions, dict]:
+    spy = Decisions()
+    cfg = EngineConfig(num_blocks=96, max_num_seqs=16, max_num_batched_tokens=256,
+                       swap_space_blocks=swap_space_blocks, plugins=["auto_preemption"],
+                       plugin_options={"auto_preemption": {"max_swapped_share": share}})
+    doc, engine = run_workload(workload(), cfg, SimulatedExecutor(make_cost_model("steps")), plugins=[spy])
+    assert doc["summary"]["completed"] == 100
+    return engine.plugins.get("auto_preemption"), spy, doc
+
+
+@pytest.mark.parametrize("share, swaps, recomputes", [
+    (0.0, 0, 135),  # never swap: every preemption recomputes
+    (0.25, 157, 25),
+    (0.5, 176, 7),
+    (1.0, 181, 0),  # as many swapped as running: a cap this workload never reaches
+])
+def test_swap_and_recompute_counts_follow_the_cap(share, swaps, recomputes):
+    auto, spy, doc = run(share)
+    # each decision: swap exactly when fewer than share x running are swapped out
+    assert all((mode == "swap") == (swapped < share * running) for swapped, running, mode in spy.log)
+    decided = Counter(mode for *_, mode in spy.log)
+    assert (decided["swap"], decided["recompute"]) == (swaps, recomputes)
+    # the host space is large: every swap decision ended swapped
+    assert (auto.swaps, auto.recomputes) == (swaps, recomputes)
+    assert doc["summary"]["preemptions"] == swaps + recomputes
+
+
+def test_a_full_host_space_falls_back_to_recompute():
+    auto, spy, _ = run(100.0, swap_space_blocks=8)
+    decided = Counter(mode for *_, mode in spy.log)
+    assert decided["recompute"] == 0 and decided["swap"] == auto.swaps + auto.recomputes
+    assert auto.recomputes > 0  # swaps the 8 host blocks could not hold
+
+
+# --- the answer it gives for each inner answer -----------------------------------------------------
+
+
+def answer_for(plugin: AutoPreemption, ctx, requester, inner):
+    gen = plugin.select_victim(ctx=ctx, requester=requester)
+    next(gen)
+    with pytest.raises(StopIteration) as stop:
+        gen.send(inner)
+    return stop.value.value
+
+
+def test_the_victim_is_the_inner_answer_and_the_mode_is_replaced():
+    engine = Engine(EngineConfig(swap_space_blocks=64, num_blocks=64))
+    sampling = SamplingParams(max_new_tokens=50, ignore_eos=True, temperature=0.0)
+    for i in range(3):
+        engine.add_request(Request(request_id=f"r{i}", prompt_token_ids=segment_tokens(i, 40), sampling=sampling))
+    engine.step()
+    ctx = engine.scheduler.ctx
+    a, b, c = list(ctx.running)
+    waiting = Sequence("w", [1, 2, 3], sampling, 0.0)
+    swap_all, never = AutoPreemption(max_swapped_share=10.0), AutoPreemption(max_swapped_share=0.0)
+    assert answer_for(swap_all, ctx, a, b) == Preempt(b, "swap")
+    assert answer_for(never, ctx, a, b) == Preempt(b, "recompute")
+    assert answer_for(swap_all, ctx, a, Preempt(c, "recompute")) == Preempt(c, "swap")
+    assert answer_for(never, ctx, a, Preempt(c, "swap")) == Preempt(c, "recompute")
+    # None: a running requester is preempted itself (as the core would), a waiting one stays
+    assert answer_for(swap_all, ctx, a, None) == Preempt(a, "swap")
+    assert waiting.state is SeqState.WAITING
+    assert answer_for(swap_all, ctx, waiting, None) is None
+
+
+# --- configuration -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", [-0.5, float("inf"), "half", True])
+def test_bad_share_names_the_option(share):
+    with pytest.raises(ValueError, match="auto_preemption: option max_swapped_share"):
+        AutoPreemption(max_swapped_share=share)
+
+
+def test_no_swap_space_is_an_error_at_the_first_step():
+    engine = Engine(EngineConfig(plugins=["auto_preemption"]))
+    engine.add_request(Request(request_id="r", prompt_token_ids=[1, 2, 3],
+                               sampling=SamplingParams(max_new_tokens=2)))
+    with pytest.raises(PluginError, match=r"auto_preemption.*on_arrival.*swap_space_blocks >= 1"):
+        engine.step()

@@ -1,0 +1,328 @@
+"""The scheduler step on small configs (block_size 4, a few blocks), with exact expectations:
+chunked prefill, prefill and decode mixed under the token budget, head-of-line blocking,
+preemption by recompute and by swap, static batching."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import STEP, assert_pool_drained, live_tables, make_engine, request, run_to_end
+
+from metroline.core.candidates import Candidates
+from metroline.core.hookspecs import hookimpl
+from metroline.core.sequence import FinishReason, SeqState
+from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
+
+
+def plans(engine):
+    return engine.executor.plans
+
+
+# --- chunked prefill -----------------------------------------------------------------------------
+
+
+def test_chunked_prefill_runs_in_chunks_of_max_prefill_chunk():
+    engine = make_engine(max_prefill_chunk=32, max_num_batched_tokens=64)
+    engine.add_request(request("r", 100, max_new=3))
+    assert run_to_end(engine) == 6
+    got = [(p.scheduled, p.starts, p.sample) for p in plans(engine)]
+    assert got == [
+        ({"r": 32}, {"r": 0}, []),
+        ({"r": 32}, {"r": 32}, []),
+        ({"r": 32}, {"r": 64}, []),
+        ({"r": 4}, {"r": 96}, ["r"]),  # the last chunk reaches the end of the prompt: first token
+        ({"r": 1}, {"r": 100}, ["r"]),
+        ({"r": 1}, {"r": 101}, ["r"]),
+    ]
+    assert [p.num_prefill_tokens for p in plans(engine)] == [32, 32, 32, 4, 0, 0]
+    assert [p.num_decode_tokens for p in plans(engine)] == [0, 0, 0, 0, 1, 1]
+    seq = engine.sequences("r")[0]
+    assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == 3
+    # the first token comes with the 4th step, the clock advancing 0.01 s a step
+    assert seq.first_scheduled_time == 0.0
+    assert seq.first_token_time == pytest.approx(4 * STEP)
+    assert seq.finish_time == pytest.approx(6 * STEP)
+    assert seq.token_times == pytest.approx([4 * STEP, 5 * STEP, 6 * STEP])
+    assert_pool_drained(engine)
+
+
+def test_prefill_chunk_is_also_capped_by_the_budget():
+    # no max_prefill_chunk: a chunk is at most the whole budget (24 tokens)
+    engine = make_engine(max_num_batched_tokens=24)
+    engine.add_request(request("r", 50, max_new=1))
+    run_to_end(engine)
+    assert [p.scheduled["r"] for p in plans(engine)] == [24, 24, 2]
+
+
+# --- prefill and decode mixed in one step under the token budget ---------------------------------
+
+
+def test_prefills_and_decodes_share_a_step_under_the_budget():
+    engine = make_engine(max_num_batched_tokens=16, max_num_seqs=3)
+    for rid, prompt, out in (("A", 8, 10), ("B", 30, 4), ("C", 30, 4), ("D", 5, 2)):
+        engine.add_request(request(rid, prompt, max_new=out))
+    run_to_end(engine)
+    got = [(p.scheduled, p.admitted) for p in plans(engine)]
+    assert got == [
+        # A's whole prompt, then B's first chunk takes the rest of the 16 tokens
+        ({"A": 8, "B": 8}, ["A", "B"]),
+        # A decodes (1 token), B's next chunk takes the 15 left; no budget left for C
+        ({"A": 1, "B": 15}, []),
+        ({"A": 1, "B": 7, "C": 8}, ["C"]),
+        ({"A": 1, "B": 1, "C": 14}, []),
+        ({"A": 1, "B": 1, "C": 8}, []),
+        # three running = max_num_seqs: D waits although the budget has room
+        ({"A": 1, "B": 1, "C": 1}, []),
+        # B finished in step 6: D takes its slot
+        ({"A": 1, "C": 1, "D": 5}, ["D"]),
+        ({"A": 1, "C": 1, "D": 1}, []),
+        ({"A": 1}, []),
+        ({"A": 1}, []),
+    ]
+    assert [(p.num_prefill_tokens, p.num_decode_tokens) for p in plans(engine)] == [
+        (16, 0), (15, 1), (15, 1), (14, 2), (8, 2), (0, 3), (5, 2), (0, 3), (0, 1), (0, 1),
+    ]
+    for rid, out in (("A", 10), ("B", 4), ("C", 4), ("D", 2)):
+        seq = engine.sequences(rid)[0]
+        assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == out
+    assert_pool_drained(engine)
+
+
+def test_budget_and_slots_are_never_exceeded():
+    rng = random.Random(7)
+    budget, slots = 40, 5
+    engine = make_engine(max_num_batched_tokens=budget, max_num_seqs=slots, max_prefill_chunk=16, num_blocks=48)
+    for i in range(40):
+        engine.add_request(request(f"r{i}", rng.randint(1, 60), max_new=rng.randint(1, 12)))
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        rec = plans(engine)[-1]
+        assert sum(rec.scheduled.values()) == rec.num_prefill_tokens + rec.num_decode_tokens <= budget
+        assert all(n <= 16 for n in rec.scheduled.values())
+        assert len(rec.scheduled) <= slots
+        assert len(engine.scheduler.running) <= slots
+        engine.pool.check_invariants(live_tables(engine))
+    # the budget is actually used: some steps are full
+    assert max(sum(p.scheduled.values()) for p in plans(engine)) == budget
+    assert max(len(p.scheduled) for p in plans(engine)) == slots
+    for i in range(40):
+        assert engine.sequences(f"r{i}")[0].finish_reason is FinishReason.LENGTH
+    assert_pool_drained(engine)
+
+
+# --- head-of-line blocking -----------------------------------------------------------------------
+
+
+def _hol_engine(plugins=()):
+    engine = make_engine(num_blocks=8, plugins=plugins)
+    engine.add_request(request("A", 20, max_new=4))  # 5 blocks at admission, 6 at the end
+    engine.add_request(request("B", 16, max_new=2))  # 4 blocks: does not fit next to A
+    engine.add_request(request("C", 3, max_new=1))  # 1 block: would fit
+    return engine
+
+
+def test_fcfs_head_of_line_blocks_a_small_request_behind_a_large_one():
+    engine = _hol_engine()
+    engine.step()
+    assert plans(engine)[0].admitted == ["A"]
+    assert engine.sequences("C")[0].state is SeqState.WAITING
+    run_to_end(engine)
+    admitted = [(p.step, p.admitted) for p in plans(engine) if p.admitted]
+    # A finishes in step 4; B and C board together in step 5
+    assert admitted == [(1, ["A"]), (5, ["B", "C"])]
+    assert_pool_drained(engine)
+
+
+class NoHeadOfLine:
+    """Stacked on fcfs: the same candidates, but a blocked one is skipped."""
+
+    name = "no_hol"
+
+    @hookimpl(wrapper=True)
+    def admission(self, ctx):
+        result = yield
+        return Candidates(iter(result), head_of_line=False)
+
+
+def test_without_head_of_line_the_small_request_overtakes():
+    engine = _hol_engine(plugins=[NoHeadOfLine()])
+    run_to_end(engine)
+    admitted = [(p.step, p.admitted) for p in plans(engine) if p.admitted]
+    assert admitted == [(1, ["A", "C"]), (5, ["B"])]
+    assert_pool_drained(engine)
+
+
+# --- preemption ----------------------------------------------------------------------------------
+
+
+def _two_growing(**config):
+    """A and B each end at 20 tokens (5 blocks); the pool has 8: one must be preempted."""
+    engine = make_engine(num_blocks=8, **config)
+    engine.add_request(request("A", 8, max_new=12))
+    engine.add_request(request("B", 8, max_new=12))
+    return engine
+
+
+def _outputs(engine):
+    return {rid: engine.sequences(rid)[0].output_token_ids for rid in ("A", "B")}
+
+
+def test_preemption_by_recompute_takes_the_last_admitted_and_recomputes_it():
+    engine = _two_growing(enable_prefix_caching=False)
+    run_to_end(engine)
+    ps = plans(engine)
+    preempted = [(p.step, p.preempted) for p in ps if p.preempted]
+    # step 10: A needs its 5th block, none is free; B (admitted after A) goes back to waiting
+    assert preempted == [(10, [("B", "WAITING")])]
+    assert ps[9].scheduled == {"A": 1}
+    # B kept its 8 prompt + 9 output tokens; readmitted when A finished (step 12), it recomputes
+    # all 17 of them in one chunk, then decodes
+    assert ps[12].admitted == ["B"] and ps[12].scheduled == {"B": 17} and ps[12].starts == {"B": 0}
+    assert ps[12].sample == ["B"]
+    assert [p.scheduled for p in ps[13:]] == [{"B": 1}, {"B": 1}]
+    a, b = engine.sequences("A")[0], engine.sequences("B")[0]
+    assert (a.num_preemptions, a.recomputed_tokens) == (0, 0)
+    assert (b.num_preemptions, b.recomputed_tokens) == (1, 16)
+    assert engine.scheduler.total_preemptions == 1
+    # the recomputed sequence produced exactly what it would have without preemption
+    roomy = make_engine(num_blocks=64, enable_prefix_caching=False)
+    roomy.add_request(request("A", 8, max_new=12))
+    roomy.add_request(request("B", 8, max_new=12))
+    run_to_end(roomy)
+    assert all(not p.preempted for p in plans(roomy))
+    assert _outputs(engine) == _outputs(roomy)
+    assert all(len(t) == 12 for t in _outputs(engine).values())
+    assert_pool_drained(engine)
+
+
+def test_recompute_reuses_the_prefix_cache_for_what_was_not_evicted():
+    engine = _two_growing()  # prefix caching on
+    run_to_end(engine)
+    ps = plans(engine)
+    assert [(p.step, p.preempted) for p in ps if p.preempted] == [(10, [("B", "WAITING")])]
+    # B's 4 full blocks stayed cached; A's 5th block evicted the least recently used one (B's
+    # tail), so 3 blocks = 12 tokens are found again and 17 - 12 = 5 are computed
+    assert ps[12].admitted == ["B"] and ps[12].scheduled == {"B": 5} and ps[12].starts == {"B": 12}
+    b = engine.sequences("B")[0]
+    assert (b.num_preemptions, b.recomputed_tokens) == (1, 16 - 12)
+    assert b.num_cached_prompt_tokens == 0  # counted at the first admission only
+    summary = engine.metrics.requests
+    assert {r.id: (r.preemptions, r.recomputed_tokens) for r in summary} == {"A": (0, 0), "B": (1, 4)}
+    assert_pool_drained(engine)
+
+
+def test_preemption_by_swap_swaps_out_then_in_the_same_blocks():
+    engine = _two_growing(preemption_mode="swap", swap_space_blocks=8)
+    run_to_end(engine)
+    ps = plans(engine)
+    assert [(p.step, p.preempted) for p in ps if p.preempted] == [(10, [("B", "SWAPPED")])]
+    outs = [(p.step, [op for op in p.block_ops if op[0] == SWAP_OUT]) for p in ps]
+    ins = [(p.step, [op for op in p.block_ops if op[0] == SWAP_IN]) for p in ps]
+    out_steps = [(s, ops) for s, ops in outs if ops]
+    in_steps = [(s, ops) for s, ops in ins if ops]
+    assert [s for s, _ in out_steps] == [10] and [s for s, _ in in_steps] == [13]
+    swap_out, swap_in = out_steps[0][1], in_steps[0][1]
+    assert len(swap_out) == len(swap_in) == 4  # B's 16 computed tokens: 4 blocks
+    # the host blocks written by the swap out are the ones read back, in block-table order
+    assert [h for _, _, h in swap_out] == [h for _, h, _ in swap_in]
+    assert not any(op[0] == COPY for p in ps for op in p.block_ops)
+    # back from the host, B goes on decoding where it stopped: nothing recomputed
+    assert ps[12].admitted == ["B"] and ps[12].scheduled == {"B": 1} and ps[12].starts == {"B": 16}
+    b = engine.sequences("B")[0]
+    assert (b.num_preemptions, b.recomputed_tokens) == (1, 0)
+    assert _outputs(engine)["B"] == _outputs(_two_growing_run())["B"]
+    assert engine.executor.stats.swap_outs == engine.executor.stats.swap_ins == 4
+    assert_pool_drained(engine)
+
+
+def _two_growing_run():
+    """A and B of `_two_growing` on a pool where nothing is preempted."""
+    engine = make_engine(num_blocks=64)
+    engine.add_request(request("A", 8, max_new=12))
+    engine.add_request(request("B", 8, max_new=12))
+    run_to_end(engine)
+    assert all(not p.preempted for p in plans(engine))
+    return engine
+
+
+def test_swap_falls_back_to_recompute_when_the_swap_space_is_full():
+    engine = _two_growing(preemption_mode="swap", swap_space_blocks=2, enable_prefix_caching=False)
+    run_to_end(engine)
+    ps = plans(engine)
+    # 4 blocks do not fit in 2 host blocks: B is recomputed instead
+    assert [(p.step, p.preempted) for p in ps if p.preempted] == [(10, [("B", "WAITING")])]
+    assert not any(p.block_ops for p in ps)
+    assert engine.sequences("B")[0].recomputed_tokens == 16
+    assert_pool_drained(engine)
+
+
+def test_the_victim_is_the_last_admitted_of_three():
+    # three requests of 12 tokens (3 blocks each) on 7 blocks
+    engine = make_engine(num_blocks=7)
+    for rid in "ABC":
+        engine.add_request(request(rid, 4, max_new=8))
+    run_to_end(engine)
+    ps = plans(engine)
+    # step 6: A takes the last free block, B finds none and C (admitted last) is preempted
+    assert [(p.step, p.preempted) for p in ps if p.preempted] == [(6, [("C", "WAITING")])]
+    assert ps[5].scheduled == {"A": 1, "B": 1}
+    # C's first (prompt) block is still cached: it recomputes from token 4
+    assert ps[8].admitted == ["C"] and ps[8].scheduled == {"C": 5} and ps[8].starts == {"C": 4}
+    for rid in "ABC":
+        seq = engine.sequences(rid)[0]
+        assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == 8
+    assert [engine.sequences(r)[0].num_preemptions for r in "ABC"] == [0, 0, 1]
+    assert_pool_drained(engine)
+
+
+def test_the_last_admitted_requester_preempts_itself():
+    # 4 blocks: A (1 block) takes the free block in step 2; in step 3 B, admitted last, needs a
+    # block and is its own victim
+    engine = make_engine(num_blocks=4, enable_prefix_caching=False)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 7, max_new=6))
+    run_to_end(engine)
+    got = [(p.scheduled, p.preempted) for p in plans(engine)]
+    assert got == [
+        ({"A": 4, "B": 7}, []),
+        ({"A": 1, "B": 1}, []),
+        ({"A": 1}, [("B", "WAITING")]),
+        ({"A": 1}, []),
+        ({"B": 9}, []),
+        ({"B": 1}, []),
+        ({"B": 1}, []),
+        ({"B": 1}, []),
+    ]
+    b = engine.sequences("B")[0]
+    assert (b.num_preemptions, b.recomputed_tokens, b.num_output_tokens) == (1, 8, 6)
+    assert_pool_drained(engine)
+
+
+# --- static batching -----------------------------------------------------------------------------
+
+
+def _batch_engine(policy):
+    engine = make_engine(policy=policy, max_num_seqs=2)
+    for rid, out in (("A", 2), ("B", 6), ("C", 2), ("D", 2)):
+        engine.add_request(request(rid, 4, max_new=out))
+    run_to_end(engine)
+    return [(p.step, p.admitted) for p in plans(engine) if p.admitted], engine
+
+
+def test_static_batching_admits_a_new_batch_only_when_nothing_runs():
+    admitted, engine = _batch_engine("static")
+    # A ends in step 2, but C waits until B ended (step 6) to board with D
+    assert admitted == [(1, ["A", "B"]), (7, ["C", "D"])]
+    ps = plans(engine)
+    assert [len(p.scheduled) for p in ps] == [2, 2, 1, 1, 1, 1, 2, 2]
+    assert_pool_drained(engine)
+
+
+def test_fcfs_refills_a_slot_as_soon_as_it_frees():
+    admitted, engine = _batch_engine("fcfs")
+    assert admitted == [(1, ["A", "B"]), (3, ["C"]), (5, ["D"])]
+    assert len(plans(engine)) == 6
+    assert_pool_drained(engine)
