@@ -366,10 +366,10 @@ _CHAT_RATE = round(1.1 * _CHAT_CAPACITY, 6)
 
 BUILTIN_WORKLOADS: dict[str, str] = {
     "chat": (
-        f"1000 chat requests, poisson at {_CHAT_RATE:g} req/s = 1.1 x the default engine's capacity "
+        f"4000 chat requests, poisson at {_CHAT_RATE:g} req/s = 1.1 x the default engine's capacity "
         f"under the steps cost model (max_num_seqs 256 / (mean output 128 tokens x 0.01 s a step) "
         f"= {_CHAT_CAPACITY:g} req/s); prompt = one of 4 shared 128-token system prompts + "
-        "lognormal(mean 512, sigma 0.8, 16..4096) tokens; output lognormal(mean 128, sigma 0.8, "
+        "lognormal(mean 256, sigma 0.8, 16..4096) tokens; output lognormal(mean 128, sigma 0.8, "
         "4..1024); tenants alpha/beta/gamma 50/30/20 %; priorities 0/1 20/80 %"
     ),
     "mixed-64": (
@@ -404,9 +404,9 @@ def list_workloads() -> list[str]:
 
 def _chat(seed: int) -> list[WorkloadItem]:
     spec = SyntheticSpec(
-        num_requests=1000,
+        num_requests=4000,
         rate=_CHAT_RATE,
-        prompt_len={"dist": "lognormal", "mean": 512, "sigma": 0.8, "min": 16, "max": 4096},
+        prompt_len={"dist": "lognormal", "mean": 256, "sigma": 0.8, "min": 16, "max": 4096},
         output_len={"dist": "lognormal", "mean": 128, "sigma": 0.8, "min": 4, "max": 1024},
         tenants={"alpha": 0.5, "beta": 0.3, "gamma": 0.2},
         priorities={0: 0.2, 1: 0.8},

@@ -150,7 +150,7 @@ def test_the_default_run_works(capsys):
     assert cli.main([]) == 0
     out = capsys.readouterr().out
     assert "metroline | policy fcfs | workload chat | executor sim" in out
-    assert re.search(r"requests\s+1000\s+completed\s+1000\n", out)
+    assert re.search(r"requests\s+4000\s+completed\s+4000\n", out)
 
 
 def test_workloads_lists_the_builtins(capsys):

@@ -224,14 +224,14 @@ def test_options_from_the_config():
 
 
 def two_class_run(policy: str, options: dict | None = None):
-    """The `chat` workload (seed 0: 1000 requests, 212 of priority 0, 788 of priority 1) at 1.1 x
-    the capacity of 32 slots under the steps cost model."""
-    base = build_workload("chat", seed=0)
+    """The first 1000 requests of the `chat` workload (seed 0: 212 of priority 0, 788 of priority
+    1) at 1.1 x the capacity of 32 slots under the steps cost model."""
+    base = build_workload("chat", seed=0, max_requests=1000)
     items = base.items
     mean_out = sum(it.output_len for it in items) / len(items)
     native_rate = (len(items) - 1) / items[-1].arrival_s
     capacity = 32 / (mean_out * STEP)
-    workload = build_workload("chat", seed=0, rate_scale=1.1 * capacity / native_rate)
+    workload = build_workload("chat", seed=0, max_requests=1000, rate_scale=1.1 * capacity / native_rate)
     config = EngineConfig(policy=policy, max_num_seqs=32, plugin_options={policy: options or {}})
     doc, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("steps", step_time=STEP)))
     return doc, engine.metrics.requests

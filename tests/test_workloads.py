@@ -194,9 +194,9 @@ def test_builtin_names_and_descriptions():
 def test_chat():
     w = build_workload("chat")
     d = w.describe()
-    assert d["requests"] == 1000 and d["seed"] == 0 and "220 req/s" in d["description"]
+    assert d["requests"] == 4000 and d["seed"] == 0 and "220 req/s" in d["description"]
     assert d["duration_s"] == w.items[-1].arrival_s
-    assert 999 / d["duration_s"] == pytest.approx(220, rel=0.1)
+    assert 3999 / d["duration_s"] == pytest.approx(220, rel=0.05)
     assert {it.tenant for it in w} == {"alpha", "beta", "gamma"} and {it.priority for it in w} == {0, 1}
     assert all(128 + 16 <= it.prompt_len <= 128 + 4096 and 4 <= it.output_len <= 1024 for it in w)
     assert len({it.segments[0] for it in w}) == 4
