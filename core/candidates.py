@@ -27,5 +27,26 @@ class Candidates:
         return iter(self._items)
 
     def filter(self, keep: Callable[[Sequence], bool]) -> Candidates:
-        """The same candidates lazily filtered by `keep`, with the same head-of-line behaviour."""
-        return Candidates((s for s in self._items if keep(s)), self.head_of_line)
+        """The same candidates without those `keep` rejects (they are passed over, as if absent:
+        later candidates may still be admitted), with the same head-of-line behaviour. `keep` is
+        called as each candidate is pulled, so it sees the admissions made earlier in the step."""
+        return Candidates(_filtered(iter(self._items), keep, stop=False), self.head_of_line)
+
+    def gate(self, admit: Callable[[Sequence], bool]) -> Candidates:
+        """The same candidates, where one that `admit` refuses counts as blocked: under
+        head-of-line it ends admission for the step (nothing behind it overtakes it), otherwise it
+        is skipped. For wrappers that hold candidates back for lack of room (a reserve)."""
+        return Candidates(_filtered(iter(self._items), admit, stop=self.head_of_line), self.head_of_line)
+
+
+def _filtered(items: Iterator[Sequence], keep: Callable[[Sequence], bool], stop: bool) -> Iterator[Sequence]:
+    try:
+        for seq in items:
+            if keep(seq):
+                yield seq
+            elif stop:
+                return
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()  # the policy's own generator gets its cleanup (e.g. LazyHeap's put-back)

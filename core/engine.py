@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from ..kv_backends.block_pool import BlockPool
 from .config import EngineConfig
+from .errors import NoProgressError
 from .metrics import MetricsCollector
 from .plugins import PluginManager
 from .request import Request, engine_limit_problem
@@ -241,10 +242,33 @@ class Engine:
             s.num_decoding, pool.num_free_blocks(), pool.num_cached_blocks(), pool.num_used_blocks(),
         )
 
-    def stream(self) -> Iterator[RequestOutput]:
-        """Step until every request has ended, yielding outputs as they come."""
+    def stream(self, max_idle_steps: int = 1000) -> Iterator[RequestOutput]:
+        """Step until every request has ended, yielding outputs as they come.
+
+        When a step schedules nothing and a plugin asked to be woken up later (`ctx.wake_at`: a
+        token bucket refilling), the clock moves there. `max_idle_steps` empty steps in a row
+        raise `NoProgressError`."""
+        idle = 0
         while self.has_unfinished():
             yield from self.step()
+            if not self.last_plan_empty:
+                idle = 0
+                continue
+            wake = self.scheduler.ctx.wakeup
+            if wake is not None and wake > self.executor.now():
+                self.executor.idle_until(wake)
+            idle += 1
+            if idle >= max_idle_steps:
+                raise self.stalled(idle)
+
+    def stalled(self, steps: int) -> NoProgressError:
+        """The error for `steps` empty steps in a row while requests wait."""
+        s = self.scheduler
+        return NoProgressError(
+            f"{steps} steps scheduled nothing with {len(s.running)} running, {len(s.waiting)} "
+            f"waiting and {len(s.swapped)} swapped requests: check the plugins' admission and "
+            f"split_budget ({', '.join(self.plugins.names())})"
+        )
 
     def run(self) -> dict[str, list[Sequence]]:
         """Step until every request has ended; returns each request's sequences."""

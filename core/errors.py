@@ -15,3 +15,8 @@ class PluginError(RuntimeError):
 
 class PluginLoadError(ValueError):
     """A plugin could not be found, imported or configured."""
+
+
+class NoProgressError(RuntimeError):
+    """The engine has requests but its plugins schedule nothing, and nothing will change that (no
+    arrival is pending and no plugin asked to be woken up later)."""

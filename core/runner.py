@@ -14,10 +14,6 @@ from .report import ProgressBar
 from .workloads import Workload
 
 
-class NoProgressError(RuntimeError):
-    """The engine has requests but its plugins schedule nothing and no arrival is pending."""
-
-
 def run_workload(
     workload: Workload,
     config: EngineConfig,
@@ -109,12 +105,7 @@ def replay(
             if i == total:  # a wake-up counts too: a plugin that keeps asking one is stuck
                 idle += 1
                 if idle >= max_idle_steps:
-                    s = engine.scheduler
-                    raise NoProgressError(
-                        f"{max_idle_steps} steps scheduled nothing with {len(s.running)} running, "
-                        f"{len(s.waiting)} waiting and {len(s.swapped)} swapped requests: check the "
-                        f"plugins' admission and split_budget ({', '.join(engine.plugins.names())})"
-                    )
+                    raise engine.stalled(idle)
         else:
             idle = 0
         bar.update(len(engine.metrics.requests))

@@ -486,3 +486,44 @@ def test_a_failed_step_fails_the_requests_it_swapped_out():
     assert executor.plans[-1].step == 10
     assert {r.id: r.finish_reason for r in engine.metrics.requests} == {"A": "failed", "B": "failed"}
     assert_pool_drained(engine)
+
+
+def test_run_on_a_simulated_clock_waits_for_a_plugin_that_holds_requests_back():
+    """A token bucket that is empty holds every request back; `Engine.run` idles the virtual clock
+    to the time the plugin asked to be woken up, instead of spinning on empty steps."""
+    from metroline.core.config import EngineConfig
+    from metroline.core.engine import Engine
+    from metroline.core.request import Request, SamplingParams
+
+    config = EngineConfig(policy="fcfs", plugins=["tenant_quota"], num_blocks=64, block_size=16,
+                          plugin_options={"tenant_quota": {"default_token_rate": 100.0, "burst": 100.0}})
+    engine = Engine(config)
+    for i in range(4):
+        engine.add_request(Request(request_id=f"r{i}", prompt_token_ids=list(range(1, 81)), arrival_time=0.0,
+                                   sampling=SamplingParams(max_new_tokens=20, ignore_eos=True)))
+    done = engine.run()
+    seqs = [done[f"r{i}"][0] for i in range(4)]
+    assert all(s.num_output_tokens == 20 for s in seqs)
+    starts = sorted(s.first_scheduled_time for s in seqs)
+    # each request costs 80 + 20 tokens of a 100-token/s bucket: one admission per second or so
+    assert starts[0] == 0.0 and all(b - a >= 0.8 for a, b in zip(starts, starts[1:]))
+
+
+def test_run_raises_when_plugins_never_schedule_anything():
+    from metroline.core.config import EngineConfig
+    from metroline.core.engine import Engine
+    from metroline.core.errors import NoProgressError
+    from metroline.core.hookspecs import hookimpl
+    from metroline.core.request import Request
+
+    class Nobody:
+        name = "nobody"
+
+        @hookimpl
+        def admission(self):
+            return ()
+
+    engine = Engine(EngineConfig(), plugins=[Nobody()])
+    engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
+    with pytest.raises(NoProgressError, match="1000 steps scheduled nothing with 0 running, 1 waiting"):
+        engine.run()

@@ -326,3 +326,25 @@ def test_fcfs_refills_a_slot_as_soon_as_it_frees():
     assert admitted == [(1, ["A", "B"]), (3, ["C"]), (5, ["D"])]
     assert len(plans(engine)) == 6
     assert_pool_drained(engine)
+
+
+def test_candidates_filter_skips_and_gate_blocks_under_head_of_line():
+    from metroline.core.candidates import Candidates
+
+    closed = []
+
+    def source():
+        try:
+            yield from [1, 2, 3, 4]
+        finally:
+            closed.append(True)
+
+    odd = lambda x: x % 2 == 1  # noqa: E731
+    assert list(Candidates(source()).filter(odd)) == [1, 3] and closed == [True]
+    assert list(Candidates(source()).gate(lambda x: x < 2)) == [1] and closed == [True, True]
+    skipping = Candidates(source(), head_of_line=False).gate(odd)
+    assert list(skipping) == [1, 3] and skipping.head_of_line is False
+    partial = iter(Candidates(source()).filter(odd))
+    assert next(partial) == 1
+    partial.close()  # the scheduler closes the answer when it stops pulling
+    assert closed == [True, True, True, True]
