@@ -13,9 +13,15 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .hookspecs import hookimpl
 from .sequence import SeqState, Sequence
 
 _WAITING = (SeqState.WAITING, SeqState.SWAPPED)
+
+
+def arrival_key(seq: Sequence) -> tuple[float, int, int]:
+    """Arrival order: time, then submission order, then sample index (for `n > 1`)."""
+    return (seq.arrival_time, seq.arrival_no, seq.index)
 
 
 class LazyHeap:
@@ -69,3 +75,22 @@ class LazyHeap:
                     heapq.heappush(heap, entry)
                 else:
                     members.discard(entry[2])
+
+
+class ArrivalQueue:
+    """A base for policies that keep the waiting requests in arrival order: `self.queue` is a
+    `LazyHeap` by `arrival_key`, fed by `on_arrival` and `on_preempted` (a preempted request
+    keeps its place). A subclass that overrides either hook must mark it `@hookimpl` again."""
+
+    def __init__(self) -> None:
+        self.queue = LazyHeap(key=arrival_key)
+
+    @hookimpl
+    def on_arrival(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.queue.push(s)
+
+    @hookimpl
+    def on_preempted(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self.queue.push(s)

@@ -8,17 +8,13 @@ from collections.abc import Iterator
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import ArrivalQueue
 from ..core.sequence import SeqState, Sequence
 
 _SWAPPED = SeqState.SWAPPED
 
 
-def _arrival_key(s: Sequence) -> tuple:
-    return (s.arrival_time, s.arrival_no, s.index)
-
-
-class PrefixAware:
+class PrefixAware(ArrivalQueue):
     """Admit the waiting requests whose prompts the prefix cache holds most of, with aging.
 
     Decides: the admission order. Each step it takes the `window` oldest waiting requests (by
@@ -72,19 +68,9 @@ class PrefixAware:
             or not 0 <= aging_rate < float("inf")
         ):
             raise ValueError(f"prefix_aware option aging_rate must be a finite number >= 0 (tokens/s), got {aging_rate!r}")
+        super().__init__()
         self.window = window
         self.aging_rate = float(aging_rate)
-        self.queue = LazyHeap(key=_arrival_key)
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
-
-    @hookimpl
-    def on_preempted(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
 
     @hookimpl
     def admission(self, ctx: StepContext) -> Candidates:

@@ -10,7 +10,7 @@ from ..core.budget import Split
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import LazyHeap, arrival_key
 from ..core.preemption import Preempt
 from ..core.sequence import SeqState, Sequence
 
@@ -106,7 +106,7 @@ class SLOClasses:
         """Running interactive sequences, in admission order (as reported by `on_admitted`)."""
         self.batch_running: dict[Sequence, None] = {}
         """Running batch sequences, in admission order."""
-        self.interactive_waiting = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+        self.interactive_waiting = LazyHeap(key=arrival_key)
 
     def is_interactive(self, seq: Sequence) -> bool:
         """The class of `seq`: True for interactive."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import ArrivalQueue
 from ..core.sequence import SeqState, Sequence
 
 
@@ -19,21 +19,8 @@ def last_admitted(ctx: StepContext) -> Sequence:
     return max(ctx.running, key=lambda s: s.admitted_seq_no)
 
 
-class FCFS:
+class FCFS(ArrivalQueue):
     name = "fcfs"
-
-    def __init__(self) -> None:
-        self.queue = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
-
-    @hookimpl
-    def on_preempted(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
 
     @hookimpl
     def admission(self) -> Candidates:

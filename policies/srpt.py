@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import LazyHeap, arrival_key
 from ..core.sequence import FinishReason, SeqState, Sequence
 
 _RUNNING = SeqState.RUNNING
@@ -155,7 +155,7 @@ class SRPT:
         self.queue = RemainingQueue()
         self.by_arrival = None  # the guard's queue, by arrival
         if max_wait_s is not None:
-            self.by_arrival = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+            self.by_arrival = LazyHeap(key=arrival_key)
 
     # --- estimates -----------------------------------------------------------------------------
 

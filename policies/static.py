@@ -13,27 +13,17 @@ from collections.abc import Iterator
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import ArrivalQueue
 from ..core.sequence import SeqState, Sequence
 from .fcfs import last_admitted
 
 
-class StaticBatching:
+class StaticBatching(ArrivalQueue):
     name = "static"
 
     def __init__(self) -> None:
-        self.queue = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+        super().__init__()
         self.batch: list[Sequence] = []
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
-
-    @hookimpl
-    def on_preempted(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
 
     @hookimpl
     def admission(self, ctx: StepContext) -> Candidates:

@@ -6,14 +6,14 @@ from ..core.budget import Split
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import ArrivalQueue
 from ..core.plan import StepPlan
 from ..core.sequence import SeqState, Sequence
 
 _RUNNING = SeqState.RUNNING
 
 
-class TokenRoundRobin:
+class TokenRoundRobin(ArrivalQueue):
     """Shares the step's tokens among the running requests in turns.
 
     - running order: a rotation over the running requests; every request that had its turn in
@@ -45,19 +45,14 @@ class TokenRoundRobin:
         if isinstance(prefill_quantum, bool) or not isinstance(prefill_quantum, int) or prefill_quantum < 1:
             raise ValueError(f"prefill_quantum must be an int >= 1 (tokens per turn), got {prefill_quantum!r}")
         self.prefill_quantum = prefill_quantum
-        self.queue = LazyHeap(key=lambda s: (s.arrival_time, s.arrival_no, s.index))
+        super().__init__()
         self.rotation: dict[Sequence, None] = {}  # running requests, next turn first
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.queue.push(s)
 
     @hookimpl
     def on_preempted(self, seqs: list[Sequence]) -> None:
         for s in seqs:
             self.rotation.pop(s, None)
-            self.queue.push(s)
+        super().on_preempted(seqs)
 
     @hookimpl
     def on_admitted(self, seqs: list[Sequence]) -> None:

@@ -9,14 +9,10 @@ from typing import Any
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import LazyHeap, arrival_key
 from ..core.sequence import SeqState, Sequence
 
 _RUNNING = SeqState.RUNNING
-
-
-def _arrival_key(seq: Sequence) -> tuple[float, int, int]:
-    return (seq.arrival_time, seq.arrival_no, seq.index)
 
 
 def _number(name: str, value: Any, *, positive: bool) -> float:
@@ -107,7 +103,7 @@ class WeightedFair:
     def _queue(self, tenant: str) -> LazyHeap:
         queue = self._queues.get(tenant)
         if queue is None:
-            queue = self._queues[tenant] = LazyHeap(_arrival_key)
+            queue = self._queues[tenant] = LazyHeap(arrival_key)
             self.counters.setdefault(tenant, 0.0)
             self._out_cost[tenant] = self.w_out / self.weight(tenant)
         return queue
