@@ -15,7 +15,7 @@ from metroline.core.hookspecs import hookimpl
 from metroline.core.request import SamplingParams
 from metroline.core.runner import run_workload
 from metroline.core.sequence import FinishReason, SeqState, Sequence
-from metroline.core.workloads import Workload, WorkloadItem, build_workload
+from metroline.core.workloads import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.srpt import SRPT, RemainingQueue, tokens_to_prefill
@@ -271,6 +271,10 @@ def azure_at_1_1x():
 
 
 def test_srpt_with_oracle_lengths_halves_fcfs_mean_e2e_on_azure_conv():
+    try:
+        find_traces_dir()
+    except WorkloadError:
+        pytest.skip("no traces directory (../shared/traces or $METROLINE_TRACES)")
     workload = azure_at_1_1x()
     results = {}
     for policy, oracle in (("fcfs", False), ("srpt", True)):
