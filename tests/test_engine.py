@@ -527,3 +527,38 @@ def test_run_raises_when_plugins_never_schedule_anything():
     engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
     with pytest.raises(NoProgressError, match="1000 steps scheduled nothing with 0 running, 1 waiting"):
         engine.run()
+
+
+def test_debug_logs_one_structlog_event_per_lifecycle_transition():
+    import structlog
+
+    from metroline.core.config import EngineConfig
+    from metroline.core.engine import Engine
+    from metroline.core.request import Request, SamplingParams
+
+    engine = Engine(EngineConfig(debug=True, num_blocks=4, block_size=4, max_num_seqs=2))
+    with structlog.testing.capture_logs() as logs:
+        for i in range(2):
+            engine.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3, 4, 5], arrival_time=0.0,
+                                       sampling=SamplingParams(max_new_tokens=6)))
+        engine.run()
+    events = [(e["event"], e["request_id"]) for e in logs]
+    # 2 requests x 11 tokens need 6 blocks of a 4-block pool: r1 (admitted last) is preempted once
+    assert events.count(("request.arrived", "r0")) == events.count(("request.arrived", "r1")) == 1
+    assert events.count(("request.finished", "r0")) == events.count(("request.finished", "r1")) == 1
+    assert events.count(("request.preempted", "r1")) >= 1
+    assert events.count(("request.admitted", "r1")) == 1 + events.count(("request.preempted", "r1"))
+    assert all(e["reason"] == "length" for e in logs if e["event"] == "request.finished")
+
+
+def test_no_logging_without_debug():
+    import structlog
+
+    from metroline.core.engine import Engine
+    from metroline.core.request import Request
+
+    engine = Engine()
+    with structlog.testing.capture_logs() as logs:
+        engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
+        engine.run()
+    assert logs == []
