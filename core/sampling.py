@@ -1,8 +1,8 @@
 """The default sampler: greedy, temperature, top-k and top-p, with per-request seeds.
 
-Works on a torch tensor of logits (one row per sequence) or on plain lists of floats. A request
-with a `seed` samples reproducibly: its generator is seeded from (seed, position), so the same
-request gives the same tokens whatever else is in the batch.
+Works on rows of floats, one per sequence. A request with a `seed` samples reproducibly: its
+generator is seeded from (seed, sample index, position), so the same request gives the same tokens
+whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ _rng = random.Random(0)
 
 
 def sample_rows(seqs: list[Sequence], logits: Any) -> list[int]:
-    """One token per sequence from its row of `logits`."""
-    if hasattr(logits, "dim"):
-        return _sample_torch(seqs, logits)
+    """One token per sequence from its row of `logits` (any sequence of indexable rows of floats;
+    a vectorised tensor path comes with the real executor)."""
     return [_sample_list(s, row) for s, row in zip(seqs, logits, strict=True)]
 
 
@@ -57,28 +56,3 @@ def _sample_list(seq: Sequence, row: Seq[float]) -> int:
     rng = random.Random(seed) if seed is not None else _rng
     ids, weights = zip(*kept)
     return rng.choices(ids, weights=weights)[0]
-
-
-def _sample_torch(seqs: list[Sequence], logits: Any) -> list[int]:
-    import torch
-
-    logits = logits.float()
-    out = logits.argmax(dim=-1).tolist()
-    for i, seq in enumerate(seqs):
-        p = seq.sampling
-        if p.temperature == 0.0:
-            continue
-        row = logits[i] / p.temperature
-        if p.top_k and p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-            drop = cum - torch.softmax(sorted_logits, dim=-1) >= p.top_p
-            row = row.scatter(0, order[drop], float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        seed = _generator_seed(seq)
-        gen = torch.Generator(device=probs.device).manual_seed(seed) if seed is not None else None
-        out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
-    return out
