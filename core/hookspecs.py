@@ -53,6 +53,10 @@ def admission(ctx: StepContext) -> Iterable[Sequence] | None:
     fit in the free KV blocks: head-of-line (the default, and what a plain iterable means) stops
     admission for this step; otherwise the scheduler skips it and tries the next one.
 
+    A wrapper that holds candidates back uses `Candidates.filter` (drop them: later ones may pass)
+    or `Candidates.gate` (a refusal blocks, under head-of-line); both keep the flag and close the
+    policy's generator when the scheduler stops pulling.
+
     Candidates that are not waiting or swapped (finished, cancelled, already running) are skipped,
     so a policy may drop stale entries lazily. Sequences are admitted in the order yielded;
     `on_admitted` reports them after the step's admission ends.
