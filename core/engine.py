@@ -65,6 +65,9 @@ class Engine:
 
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
     `eos_token_id`: the model's end-of-sequence token (None: no EOS, as in simulation).
+    `retain_finished`: keep ended requests (their tokens) for `sequences()` and `run()`'s answer;
+    a long replay or a server turns it off, and then an ended request is forgotten once its
+    metrics are recorded and its last output is returned.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Engine:
         *,
         plugins: Iterable[Any] = (),
         eos_token_id: int | None = None,
+        retain_finished: bool = True,
     ) -> None:
         if config is None:
             config = EngineConfig()
@@ -97,6 +101,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.plugins, self.pool)
         self.metrics = MetricsCollector(config.max_num_seqs)
         self._requests: dict[str, list[Sequence]] = {}
+        self.retain_finished = retain_finished
         self._arrivals = 0
         self.last_plan_empty = False
         self._validation_context = {
@@ -194,6 +199,12 @@ class Engine:
         ended = self.scheduler.reap()
         for seq in ended:
             self.metrics.record_finished(seq)
+        if not self.retain_finished:
+            requests = self._requests
+            for seq in ended:
+                heads = requests.get(seq.request_id)
+                if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
+                    del requests[seq.request_id]
         return ended
 
     def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput]) -> None:

@@ -28,7 +28,7 @@ def run_workload(
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
     `metrics.result_document`) and the engine. `oracle_lengths` tells policies each request's
     true output length (`expected_output_tokens`); the result says so in its `workload` field."""
-    engine = Engine(config, executor, plugins=plugins or ())
+    engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
     wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
     return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s), engine
 

@@ -562,3 +562,28 @@ def test_no_logging_without_debug():
         engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
         engine.run()
     assert logs == []
+
+
+def test_a_replay_forgets_ended_requests_but_keeps_their_metrics():
+    from metroline.core.config import EngineConfig
+    from metroline.core.runner import run_workload
+    from metroline.core.workloads import build_workload
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.simulated import SimulatedExecutor
+
+    workload = build_workload("shared-prefix", max_requests=20)
+    doc, engine = run_workload(workload, EngineConfig(), SimulatedExecutor(make_cost_model("steps")))
+    assert doc["summary"]["completed"] == 20 and len(engine.metrics.requests) == 20
+    assert engine._requests == {}  # nothing ended is held: a long trace replay stays small
+    kept = engine_with_one_request(retain=True)
+    assert len(kept._requests) == 1 and engine_with_one_request(retain=False)._requests == {}
+
+
+def engine_with_one_request(retain):
+    from metroline.core.engine import Engine
+    from metroline.core.request import Request
+
+    engine = Engine(retain_finished=retain)
+    engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
+    engine.run()
+    return engine
