@@ -335,14 +335,26 @@ def summarize_by_tenant(
     repeat the global value in every tenant's summary. `duration_s` is the tenant's own span (its
     first arrival to its last finish), so throughputs are over the time the tenant was active.
     """
-    by_tenant: dict[str, list[RequestRecord]] = {}
+    return _summarize_groups(records, steps, lambda r: r.tenant, max_num_seqs, kv_peak_blocks, wall_s)
+
+
+def summarize_by_priority(
+    records: list[RequestRecord], steps: list[tuple], *, max_num_seqs: int, kv_peak_blocks: int, wall_s: float
+) -> dict[str, dict[str, Any]]:
+    """One summary per priority class (keys are the priorities as strings, most urgent first), as
+    `summarize_by_tenant` does per tenant."""
+    groups = _summarize_groups(records, steps, lambda r: r.priority, max_num_seqs, kv_peak_blocks, wall_s)
+    return {str(p): summary for p, summary in groups.items()}
+
+
+def _summarize_groups(
+    records: list[RequestRecord], steps: list[tuple], key: Any, max_num_seqs: int, kv_peak_blocks: int, wall_s: float
+) -> dict[Any, dict[str, Any]]:
+    groups: dict[Any, list[RequestRecord]] = {}
     for r in records:
-        by_tenant.setdefault(r.tenant, []).append(r)
+        groups.setdefault(key(r), []).append(r)
     step_stats = _step_stats(steps, max_num_seqs, kv_peak_blocks)
-    return {
-        tenant: _assemble(_record_stats(by_tenant[tenant], steps, wall_s), step_stats)
-        for tenant in sorted(by_tenant)
-    }
+    return {g: _assemble(_record_stats(groups[g], steps, wall_s), step_stats) for g in sorted(groups)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -521,5 +533,6 @@ def result_document(
         "config": config,
         "summary": summarize(collector.requests, collector.steps, **kw),
         "tenants": summarize_by_tenant(collector.requests, collector.steps, **kw),
+        "priorities": summarize_by_priority(collector.requests, collector.steps, **kw),
         "fairness": fairness(collector.requests, window_s=window_s, **sw),
     })

@@ -114,20 +114,27 @@ def format_summary_table(doc: dict) -> str:
     if len(tenants) > 1 and fairness.get("windows"):
         lines.append("")
         lines.extend("  " + line for line in format_fairness(fairness))
-    if len(tenants) > 1:
-        width = max(14, max(len(t) for t in tenants) + 2)
-        lines.append("")
-        lines.append(
-            "  " + f"{'tenant':<{width}}{'requests':>10}{'completed':>11}{'tok/s':>12}"
-            f"{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}"
-        )
-        for tenant, t in tenants.items():
-            ttft = t.get("ttft_s") or {}
-            lines.append(
-                "  " + f"{tenant:<{width}}{_int(t.get('requests')):>10}{_int(t.get('completed')):>11}"
-                f"{_float(t.get('output_throughput_tok_s')):>12}{_ms(ttft.get('p50')):>13}{_ms(ttft.get('p99')):>13}"
-            )
+    for label, groups in (("tenant", tenants), ("priority", doc.get("priorities") or {})):
+        if len(groups) > 1:
+            lines.append("")
+            lines.extend(_group_table(label, groups))
     return "\n".join(lines) + "\n"
+
+
+def _group_table(label: str, groups: dict[str, dict]) -> list[str]:
+    """A line per group (tenant or priority class): requests, throughput and TTFT."""
+    width = max(14, max(len(g) for g in groups) + 2)
+    lines = [
+        "  " + f"{label:<{width}}{'requests':>10}{'completed':>11}{'tok/s':>12}"
+        f"{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}"
+    ]
+    for name, g in groups.items():
+        ttft = g.get("ttft_s") or {}
+        lines.append(
+            "  " + f"{name:<{width}}{_int(g.get('requests')):>10}{_int(g.get('completed')):>11}"
+            f"{_float(g.get('output_throughput_tok_s')):>12}{_ms(ttft.get('p50')):>13}{_ms(ttft.get('p99')):>13}"
+        )
+    return lines
 
 
 def _seconds(v: Any) -> str:

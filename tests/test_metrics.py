@@ -19,6 +19,7 @@ from metroline.core.metrics import (
     percentile,
     result_document,
     summarize,
+    summarize_by_priority,
     summarize_by_tenant,
 )
 from metroline.core.plan import StepPlan
@@ -254,6 +255,24 @@ def test_per_tenant_split(collector):
         assert alice[key] == glob[key] == bob[key]
 
 
+def test_per_priority_split_matches_the_same_groups_by_tenant(collector):
+    kw = dict(max_num_seqs=MAX_NUM_SEQS, kv_peak_blocks=9, wall_s=0.05)
+    recs = [r._replace(priority=0 if r.tenant == "alice" else 1) for r in collector.requests]
+    by_priority = summarize_by_priority(recs, collector.steps, **kw)
+    by_tenant = summarize_by_tenant(recs, collector.steps, **kw)
+    assert list(by_priority) == ["0", "1"]  # JSON keys, most urgent first
+    assert by_priority["0"] == by_tenant["alice"] and by_priority["1"] == by_tenant["bob"]
+    text = format_summary_table(document_of(recs, collector.steps))
+    assert "  priority" in text and "  tenant" in text
+
+
+def document_of(records, steps):
+    m = MetricsCollector(MAX_NUM_SEQS)
+    m.requests.extend(records)
+    m.steps.extend(steps)
+    return result_document("fcfs", {"name": "toy"}, {"name": "sim"}, {}, m, kv_peak_blocks=0, wall_s=0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # result document, JSON and CSV
 
@@ -272,7 +291,7 @@ def document(collector, policy="fcfs") -> dict:
 
 def test_result_document_json_round_trip(collector, tmp_path):
     doc = document(collector)
-    assert set(doc) == {"policy", "workload", "executor", "config", "summary", "tenants", "fairness"}
+    assert set(doc) == {"policy", "workload", "executor", "config", "summary", "tenants", "priorities", "fairness"}
     text = json.dumps(doc, allow_nan=False)
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == doc
