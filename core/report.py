@@ -169,12 +169,16 @@ FAIRNESS_ROWS = (
 """(label, fairness key, formatter) of the fairness rows of the comparison table."""
 
 
+COMPARISON_FIELDS = ("mean", "p50", "p99", "max")
+
+
 def format_comparison_table(docs: list[dict]) -> str:
     """The figures of `format_summary_table`, one column per run (headed by its policy name),
     with the fairness rows (`FAIRNESS_ROWS`) when the documents have them.
 
     Runs with the same policy name get `#2`, `#3`... appended to their header. Latency rows are
-    in milliseconds.
+    in milliseconds, at `COMPARISON_FIELDS` (the JSON has every percentile); with several tenants or
+    priority classes, each one's TTFT p99 gets a row.
     """
     headers: list[str] = []
     seen: dict[str, int] = {}
@@ -190,10 +194,18 @@ def format_comparison_table(docs: list[dict]) -> str:
     for label, key, fmt in HEADLINE:
         rows.append((label, [fmt(d["summary"].get(key)) for d in docs]))
     for label, key in LATENCY_ROWS:
-        for f in LATENCY_FIELDS:
+        for f in COMPARISON_FIELDS:
             rows.append(
                 (f"{label} {f} (ms)", [_ms((d["summary"].get(key) or {}).get(f)) for d in docs])
             )
+    for group, prefix, order in (("tenants", "", str), ("priorities", "priority ", int)):
+        names = sorted({n for d in docs for n in (d.get(group) or {})}, key=order)
+        if len(names) > 1:
+            for n in names:
+                rows.append((
+                    f"TTFT p99 {prefix}{n} (ms)",
+                    [_ms((((d.get(group) or {}).get(n) or {}).get("ttft_s") or {}).get("p99")) for d in docs],
+                ))
     if any(d.get("fairness") for d in docs):
         for label, key, fmt in FAIRNESS_ROWS:
             rows.append((label, [fmt((d.get("fairness") or {}).get(key)) for d in docs]))

@@ -366,6 +366,11 @@ def test_comparison_table(collector):
     assert tok.split()[-3:] == ["1.75"] * 3
     p50 = next(line for line in text.splitlines() if line.startswith("TTFT p50 (ms)"))
     assert p50.split()[-3:] == ["2000.00"] * 3
+    assert not any(line.startswith("TTFT p90") for line in text.splitlines())  # in the JSON only
+    bob = next(line for line in text.splitlines() if line.startswith("TTFT p99 bob (ms)"))
+    assert bob.split()[-3:] == ["2000.00"] * 3  # one row per tenant
+    rejected_only = next(line for line in text.splitlines() if line.startswith("TTFT p99 priority 3 (ms)"))
+    assert rejected_only.split()[-3:] == ["-"] * 3  # class 3 holds only the rejected request
     widths = {len(line) for line in text.splitlines()}
     assert len(widths) == 1
 
