@@ -57,3 +57,15 @@ def test_the_engine_example_streams_two_samples():
     assert sorted(a[1] for a in finished) == [0, 1]  # n=2: two samples, each ends once
     assert all(a[4] == "length" for a in finished)
     assert len(seen) == 2 * 8  # one output per token per sample
+
+
+def test_the_config_file_example_runs(tmp_path, capsys):
+    from metroline import cli
+
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", README, re.S) if "[run]" in b]
+    path = tmp_path / "my.toml"
+    path.write_text(block)
+    assert cli.main(["run", "--config", str(path), "--max-requests", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "policy weighted_fair+decode_first | workload chat" in out
+    assert re.search(r"requests\s+50\s+completed\s+50\n", out)
