@@ -19,17 +19,19 @@ Run:  .venv/bin/python bench/fairness.py [--seeds 5]
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from metroline.core.budget import Split
 from metroline.core.config import EngineConfig
-from metroline.core.hookspecs import hookimpl
 from metroline.core.metrics import DECODE_TOKENS, DECODING, fairness
 from metroline.core.runner import run_workload
-from metroline.core.sequence import SeqState
 from metroline.core.workloads import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from test_policy_token_rr import DecodeLag, DecodeShare  # noqa: E402  (the test's own probes)
 
 STEP = 0.01
 LENGTHS = dict(prompt_len={"dist": "uniform", "low": 16, "high": 112},
@@ -100,48 +102,6 @@ def run_default(items, policy, options):
     """The default EngineConfig (256 slots, 2048-token budget, 8192 blocks of 16 tokens)."""
     return run_workload(Workload("w", items), EngineConfig(policy=policy, plugin_options={policy: options}),
                         SimulatedExecutor(make_cost_model("steps", step_time=STEP)))
-
-
-class DecodeShare:
-    name = "decode_share"
-
-    def __init__(self, cap: int, chunk: int) -> None:
-        self.cap, self.chunk = cap, chunk
-
-    @hookimpl
-    def split_budget(self, budget: int, num_decoding: int) -> Split:
-        decode = min(self.cap, num_decoding)
-        return Split(decode, budget - decode, self.chunk)
-
-
-class DecodeLag:
-    """The largest decode-token difference between two sequences over the steps both decoded."""
-
-    name = "decode_lag"
-
-    def __init__(self) -> None:
-        self.count, self.base, self.worst = {}, {}, 0
-
-    @hookimpl
-    def on_tokens(self, seqs) -> None:
-        count, joined = self.count, []
-        for s in seqs:
-            if s.num_output_tokens == 1:
-                joined.append(s)
-            else:
-                count[s] += 1
-        for x in count:
-            for y, y0 in self.base[x].items():
-                if y in count:
-                    self.worst = max(self.worst, abs(count[x] - (count[y] - y0)))
-        for s in seqs:
-            if s.state is SeqState.FINISHED:
-                count.pop(s, None)
-                self.base.pop(s, None)
-        for s in joined:
-            if s.state is not SeqState.FINISHED:
-                self.base[s] = dict(count)
-                count[s] = 0
 
 
 def token_round_robin(seeds: range) -> None:
