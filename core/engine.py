@@ -265,12 +265,18 @@ class Engine:
             if not self.last_plan_empty:
                 idle = 0
                 continue
-            wake = self.scheduler.ctx.wakeup
-            if wake is not None and wake > self.executor.now():
-                self.executor.idle_until(wake)
+            self.idle()
             idle += 1
             if idle >= max_idle_steps:
                 raise self.stalled(idle)
+
+    def idle(self, next_arrival: float | None = None) -> None:
+        """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
+        asked to be woken up (`ctx.wake_at`) and `next_arrival`, when either lies ahead."""
+        now = self.executor.now()
+        ahead = [t for t in (self.scheduler.ctx.wakeup, next_arrival) if t is not None and t > now]
+        if ahead:
+            self.executor.idle_until(min(ahead))
 
     def stalled(self, steps: int) -> NoProgressError:
         """The error for `steps` empty steps in a row while requests wait."""

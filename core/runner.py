@@ -97,11 +97,7 @@ def replay(
             continue
         engine.step()
         if engine.last_plan_empty:
-            wake = engine.scheduler.ctx.wakeup  # a plugin holds requests back until then
-            if wake is not None and wake > now and (i == total or wake < items[i].arrival_s):
-                executor.idle_until(wake)
-            elif i < total:
-                executor.idle_until(items[i].arrival_s)
+            engine.idle(items[i].arrival_s if i < total else None)
             if i == total:  # a wake-up counts too: a plugin that keeps asking one is stuck
                 idle += 1
                 if idle >= max_idle_steps:
