@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .sequence import Sequence
+from .sequence import SeqState, Sequence
 
 
 class Candidates:
@@ -26,27 +25,49 @@ class Candidates:
     def __iter__(self) -> Iterator[Sequence]:
         return iter(self._items)
 
-    def filter(self, keep: Callable[[Sequence], bool]) -> Candidates:
+    @staticmethod
+    def of(answer: Iterable[Sequence]) -> Candidates:
+        """An `admission` answer as `Candidates` (a plain iterable is head-of-line)."""
+        return answer if isinstance(answer, Candidates) else Candidates(answer)
+
+    def filter(self, keep: Callable[[Sequence], bool], admitted: Callable[[Sequence], Any] | None = None) -> Candidates:
         """The same candidates without those `keep` rejects (they are passed over, as if absent:
         later candidates may still be admitted), with the same head-of-line behaviour. `keep` is
-        called as each candidate is pulled, so it sees the admissions made earlier in the step."""
-        return Candidates(_filtered(iter(self._items), keep, stop=False), self.head_of_line)
+        called as each candidate is pulled, so it sees the admissions made earlier in the step;
+        `admitted(seq)` is told of each candidate it let through that the scheduler admitted,
+        before the next one is judged."""
+        return Candidates(_filtered(iter(self._items), keep, False, admitted), self.head_of_line)
 
-    def gate(self, admit: Callable[[Sequence], bool]) -> Candidates:
+    def gate(self, admit: Callable[[Sequence], bool], admitted: Callable[[Sequence], Any] | None = None) -> Candidates:
         """The same candidates, where one that `admit` refuses counts as blocked: under
         head-of-line it ends admission for the step (nothing behind it overtakes it), otherwise it
-        is skipped. For wrappers that hold candidates back for lack of room (a reserve)."""
-        return Candidates(_filtered(iter(self._items), admit, stop=self.head_of_line), self.head_of_line)
+        is skipped. For wrappers that hold candidates back for lack of room (a reserve).
+        `admitted` as in `filter`."""
+        return Candidates(_filtered(iter(self._items), admit, self.head_of_line, admitted), self.head_of_line)
 
 
-def _filtered(items: Iterator[Sequence], keep: Callable[[Sequence], bool], stop: bool) -> Iterator[Sequence]:
+_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
+
+
+def _filtered(
+    items: Iterator[Sequence], keep: Callable[[Sequence], bool], stop: bool, admitted: Callable[[Sequence], Any] | None
+) -> Iterator[Sequence]:
+    last = None  # the last candidate let through while it waited: was it admitted?
     try:
         for seq in items:
+            if last is not None:
+                if last.state is SeqState.RUNNING:
+                    admitted(last)
+                last = None
             if keep(seq):
+                if admitted is not None and seq.state in _QUEUED:
+                    last = seq
                 yield seq
             elif stop:
                 return
     finally:
+        if last is not None and last.state is SeqState.RUNNING:
+            admitted(last)
         close = getattr(items, "close", None)
         if close is not None:
             close()  # the policy's own generator gets its cleanup (e.g. LazyHeap's put-back)

@@ -6,7 +6,7 @@ the base policy's `admission` answer and keeps its order and its head-of-line ch
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator
 from typing import Any
 
 from ..core.candidates import Candidates
@@ -195,28 +195,6 @@ class TenantQuota:
                 b.level -= seq.num_prompt_tokens
                 self._paid.add(seq)
 
-    def _filtered(self, items: Iterable[Sequence], ctx: StepContext) -> Iterator[Sequence]:
-        it = iter(items)
-        now = ctx.now
-        last = None
-        try:
-            for seq in it:
-                if last is not None:
-                    if last.state is _RUNNING:
-                        self._admitted(last, now)
-                    last = None
-                if seq.state not in _QUEUED:
-                    yield seq  # stale: the scheduler skips it
-                elif self._allowed(seq, ctx, now):
-                    last = seq
-                    yield seq
-        finally:
-            if last is not None and last.state is _RUNNING:
-                self._admitted(last, now)
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()  # give the base policy's generator its cleanup (e.g. LazyHeap put-back)
-
     # --- hooks -----------------------------------------------------------------------------------
 
     @hookimpl(wrapper=True)
@@ -224,7 +202,13 @@ class TenantQuota:
         answer = yield
         if answer is None:
             return None
-        return Candidates(self._filtered(answer, ctx), getattr(answer, "head_of_line", True))
+        now = ctx.now
+        # stale candidates pass through (the scheduler skips them); an admission is charged as it
+        # happens, so the next candidate of the same tenant sees it
+        return Candidates.of(answer).filter(
+            lambda seq: seq.state not in _QUEUED or self._allowed(seq, ctx, now),
+            admitted=lambda seq: self._admitted(seq, now),
+        )
 
     @hookimpl
     def on_admitted(self, ctx: StepContext, seqs: list[Sequence]) -> None:

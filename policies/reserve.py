@@ -8,7 +8,6 @@ ordering policy below it answers, so it stacks on any policy (`--policy srpt --p
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from ..core.candidates import Candidates
@@ -131,8 +130,8 @@ class ReserveBlocks:
         answer = yield
         if answer is None:
             return None
-        head_of_line = getattr(answer, "head_of_line", True)
-        return Candidates(self._filter(ctx, iter(answer), head_of_line), head_of_line)
+        step = _StepReserve(self, ctx)
+        return Candidates.of(answer).gate(step.admit, admitted=step.admitted)
 
     def _in_flight_prompt_blocks(self, block_size: int) -> int:
         """Blocks the running partial prefills still need for the rest of their prompts."""
@@ -145,49 +144,49 @@ class ReserveBlocks:
                 blocks += max(0, -(-len(s.token_ids) // block_size) - len(s.block_table))
         return blocks
 
-    def _filter(self, ctx: StepContext, candidates: Iterator[Sequence], head_of_line: bool) -> Iterator[Sequence]:
-        block_size = ctx.block_size
-        watermark = int(self.watermark * ctx.num_blocks)
-        ratio = self.new_token_ratio
-        caching = ctx.config.enable_prefix_caching
-        reserved_tokens = self._remaining_outputs * ratio if ratio is not None else 0.0
-        pending_blocks = self._in_flight_prompt_blocks(block_size)
-        unprotected = not ctx.running
-        previous: Sequence | None = None
-        previous_need = 0
-        try:
-            for seq in candidates:
-                if previous is not None and previous.state is _RUNNING:
-                    # the scheduler admitted the last one: its first chunk's blocks are now taken
-                    # from the free count; the rest of its prompt and its outputs stay reserved
-                    pending_blocks += max(0, previous_need - len(previous.block_table))
-                    if ratio is not None:
-                        reserved_tokens += ratio * self._expected(previous)
-                    unprotected = False
-                previous = None
-                state = seq.state
-                if state is not _WAITING and state is not _SWAPPED:
-                    continue  # stale (already running or finished): the scheduler would skip it
-                if state is _SWAPPED:
-                    need = len(seq.host_table) + 1
-                    total_need = need
-                else:
-                    num_tokens = len(seq.token_ids)
-                    cached = ctx.cached_prefix_tokens(seq) if caching else 0
-                    total_need = -(-num_tokens // block_size)
-                    need = total_need - cached // block_size
-                if not unprotected:
-                    reserve = watermark + pending_blocks
-                    if ratio is not None:
-                        reserve += math.ceil((reserved_tokens + ratio * self._expected(seq)) / block_size)
-                    if ctx.num_free_blocks() - need < reserve:
-                        self.refused += 1
-                        if head_of_line:
-                            return
-                        continue
-                previous, previous_need = seq, total_need
-                yield seq
-        finally:
-            close = getattr(candidates, "close", None)
-            if close is not None:
-                close()
+
+class _StepReserve:
+    """One step's reserve: what the candidates admitted so far in the step still need."""
+
+    __slots__ = ("plugin", "ctx", "watermark", "caching", "reserved_tokens", "pending_blocks", "unprotected", "needs")
+
+    def __init__(self, plugin: ReserveBlocks, ctx: StepContext) -> None:
+        self.plugin, self.ctx = plugin, ctx
+        self.watermark = int(plugin.watermark * ctx.num_blocks)
+        self.caching = ctx.config.enable_prefix_caching
+        ratio = plugin.new_token_ratio
+        self.reserved_tokens = plugin._remaining_outputs * ratio if ratio is not None else 0.0
+        self.pending_blocks = plugin._in_flight_prompt_blocks(ctx.block_size)
+        self.unprotected = not ctx.running  # nothing runs: the first candidate passes
+        self.needs: dict[Sequence, int] = {}
+
+    def admit(self, seq: Sequence) -> bool:
+        state = seq.state
+        if state is not _WAITING and state is not _SWAPPED:
+            return True  # stale (already running or finished): the scheduler skips it
+        ctx, plugin, block_size = self.ctx, self.plugin, self.ctx.block_size
+        if state is _SWAPPED:
+            need = total_need = len(seq.host_table) + 1
+        else:
+            cached = ctx.cached_prefix_tokens(seq) if self.caching else 0
+            total_need = -(-len(seq.token_ids) // block_size)
+            need = total_need - cached // block_size
+        if not self.unprotected:
+            reserve = self.watermark + self.pending_blocks
+            ratio = plugin.new_token_ratio
+            if ratio is not None:
+                reserve += math.ceil((self.reserved_tokens + ratio * plugin._expected(seq)) / block_size)
+            if ctx.num_free_blocks() - need < reserve:
+                plugin.refused += 1
+                return False
+        self.needs[seq] = total_need
+        return True
+
+    def admitted(self, seq: Sequence) -> None:
+        """The scheduler admitted `seq`: its first chunk's blocks are now taken from the free
+        count; the rest of its prompt and its outputs stay reserved."""
+        self.pending_blocks += max(0, self.needs[seq] - len(seq.block_table))
+        ratio = self.plugin.new_token_ratio
+        if ratio is not None:
+            self.reserved_tokens += ratio * self.plugin._expected(seq)
+        self.unprotected = False

@@ -348,3 +348,26 @@ def test_candidates_filter_skips_and_gate_blocks_under_head_of_line():
     assert next(partial) == 1
     partial.close()  # the scheduler closes the answer when it stops pulling
     assert closed == [True, True, True, True]
+
+
+def test_candidates_tell_a_wrapper_which_candidates_the_scheduler_admitted():
+    """`admitted` hears of a let-through candidate that got admitted, before the next is judged."""
+    from metroline.core.request import SamplingParams
+    from metroline.core.sequence import Sequence
+
+    seqs = [Sequence(f"r{i}", [1, 2], SamplingParams(), 0.0) for i in range(4)]
+    heard, judged = [], []
+
+    def keep(s):
+        judged.append((s.request_id, list(heard)))
+        return s.request_id != "r2"
+
+    it = iter(Candidates(iter(seqs)).filter(keep, admitted=lambda s: heard.append(s.request_id)))
+    first = next(it)
+    first.state = SeqState.RUNNING  # the scheduler admits r0
+    assert next(it).request_id == "r1"  # r1 stays waiting (its blocks did not fit)
+    assert next(it).request_id == "r3"  # r2 filtered out
+    seqs[3].state = SeqState.RUNNING
+    it.close()
+    assert heard == ["r0", "r3"]  # r3 reported when the scheduler stops pulling
+    assert judged == [("r0", []), ("r1", ["r0"]), ("r2", ["r0"]), ("r3", ["r0"])]
