@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -137,7 +139,7 @@ def test_prefill_only(device, block_size, group):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("group", [1, 2, 3, 4])
 def test_mixed_batch(device, group):
     seqs = [(12, 1), (5, 5), (1, 1), (30, 11), (19, 1), (3, 2)]
     check(seqs, device=device, block_size=4, group=group)
@@ -226,6 +228,27 @@ def test_interpreter_runs_the_kernels(monkeypatch):
     expected = reference(**batch)
     assert (out[0] - expected[0]).abs().max().item() < 1e-3
     assert not torch.allclose(out[1:], expected[1:], atol=1e-3)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the interpreter path is for machines without CUDA")
+def test_interpreter_is_set_up_whatever_was_imported_first():
+    """In a fresh process that imported torch, triton and the kernels module before this test
+    module (so the kernels were decorated for a GPU), importing this module still runs the
+    kernels under the interpreter, and they match the reference."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = textwrap.dedent(f"""
+        import importlib.util, torch, triton
+        import metroline.executors.torch.triton_attention as first
+        assert isinstance(first._decode_kernel, triton.runtime.JITFunction)
+        spec = importlib.util.spec_from_file_location("tta", {__file__!r})
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert mod.ta._interpreted()
+        mod.check([(9, 1), (12, 5)])
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_bad_input_names_field_and_limit():

@@ -36,6 +36,29 @@ MAX_HEAD_DIM = 256
 MAX_SPLITS = 16
 DOT_MIN = 16  # tl.dot on NVIDIA needs every dimension >= 16
 
+# The kernels use only Triton builtins and the reduction helpers below, not triton.language's own
+# @jit helpers (tl.max, tl.sum, tl.zeros, tl.cdiv): those are decorated when triton is first
+# imported, so under the interpreter they fail if triton was imported before TRITON_INTERPRET was
+# set. The interpreter reduces with numpy only for its own combine functions, so those are taken
+# when they were decorated the same way as this module's kernels.
+
+
+@triton.jit
+def _own_max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _own_add(a, b):
+    return a + b
+
+
+_std_max = getattr(tl.standard, "_elementwise_max", None)
+_std_add = getattr(tl.standard, "_sum_combine", None)
+_same_mode = type(_std_max) is type(_own_max) and type(_std_add) is type(_own_add)
+_max_fn = _std_max if _same_mode else _own_max
+_add_fn = _std_add if _same_mode else _own_add
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -82,10 +105,10 @@ def _attend(
         else:
             s = tl.dot(q, tl.trans(k))
         s = tl.where(valid[None, :] & (pos[None, :] <= row_pos[:, None]), s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add_fn)
         v = tl.load(v_cache_ptr + blk[:, None] * s_vcb + off[:, None] * s_vcs + kv_head * s_vch
                     + offs_d[None, :] * s_vcd, mask=kv_mask, other=0.0)
         if IEEE:
@@ -113,7 +136,7 @@ def _decode_kernel(
     if tl.load(qsl_ptr + seq + 1) - q_start != 1:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    tiles_per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), NUM_SPLITS)
+    tiles_per_split = ((seq_len + BLOCK_N - 1) // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS
     lo = split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
 
@@ -124,10 +147,10 @@ def _decode_kernel(
     head = kv_head * GROUP + rows
     q = tl.load(q_ptr + q_start.to(tl.int64) * s_qt + head[:, None] * s_qh + offs_d[None, :] * s_qd,
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-    row_pos = tl.zeros([BLOCK_M], dtype=tl.int32) + (seq_len - 1)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc, m_i, l_i = _attend(
         q, acc, m_i, l_i, row_pos, lo, hi, k_cache_ptr, v_cache_ptr, bt_ptr + seq.to(tl.int64) * s_bt,
         kv_head, block_size, qk_scale, s_kcb, s_kcs, s_kch, s_kcd, s_vcb, s_vcs, s_vch, s_vcd,
@@ -161,8 +184,8 @@ def _decode_merge_kernel(
     m = tl.load(part_ml_ptr + idx * 2)
     l = tl.load(part_ml_ptr + idx * 2 + 1)
     acc = tl.load(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :])
-    w = tl.exp2(m - tl.max(m, 0))
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    w = tl.exp2(m - tl.reduce(m, 0, _max_fn))
+    out = tl.reduce(acc * w[:, None], 0, _add_fn) / tl.reduce(l * w, 0, _add_fn)
     tl.store(out_ptr + q_start.to(tl.int64) * s_ot + head * s_oh + offs_d * s_od,
              out.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 
@@ -199,9 +222,9 @@ def _prefill_kernel(
                 mask=io_mask, other=0.0)
     row_pos = tl.where(row_mask, first_pos + tok, -1)
     hi = first_pos + tl.minimum(t0 + TILE_TOKENS, q_len)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc, m_i, l_i = _attend(
         q, acc, m_i, l_i, row_pos, 0, hi, k_cache_ptr, v_cache_ptr, bt_ptr + seq.to(tl.int64) * s_bt,
         kv_head, block_size, qk_scale, s_kcb, s_kcs, s_kch, s_kcd, s_vcb, s_vcs, s_vch, s_vcd,
