@@ -251,6 +251,51 @@ def test_interpreter_is_set_up_whatever_was_imported_first():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+_COMPILE_FOR_SM90 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from metroline.executors.torch import triton_attention as ta
+
+ELEM = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_ptr"}
+
+def types(fn, dtype, consts):
+    def one(name):
+        if name in consts:
+            return "constexpr"
+        if name in ELEM:
+            return dtype
+        return {"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
+                "qsl_ptr": "*i32", "slot_ptr": "*i64", "qk_scale": "fp32"}.get(name, "i32")
+    return {name: one(name) for name in fn.arg_names}
+
+def build(fn, dtype, warps, **consts):
+    src = ASTSource(fn, types(fn, dtype, consts), consts)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return kernel.asm["ptx"]
+
+ptx = build(ta._decode_kernel, "*bf16", 8, GROUP=4, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, NUM_SPLITS=4, IEEE=False)
+assert "mma" in ptx, "decode: no tensor-core instruction"
+ptx = build(ta._prefill_kernel, "*fp16", 4, GROUP=3, TILE_TOKENS=21, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=False)
+assert "mma" in ptx, "prefill: no tensor-core instruction"
+build(ta._prefill_kernel, "*fp32", 8, GROUP=1, TILE_TOKENS=64, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=True)
+build(ta._decode_merge_kernel, "*bf16", 4, BLOCK_D=128, NUM_SPLITS=4)
+build(ta._write_kv_kernel, "*bf16", 4, BLOCK_H=8, BLOCK_D=128)
+print("ok")
+"""
+
+
+def test_kernels_compile_for_a_gpu_without_one():
+    """The kernels compile for sm_90 (Triton's own compiler and bundled ptxas, no GPU needed) with
+    the tile shapes `paged_attention` launches, and the half-precision dots use tensor cores:
+    the interpreter alone would accept shapes and constructs a GPU build rejects."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
 def test_bad_input_names_field_and_limit():
     batch = make_batch([(5, 1)], block_size=4, num_kv_heads=2, group=2, head_dim=64)
     with pytest.raises(ValueError, match=r"num_heads \(3\) must be a multiple of num_kv_heads \(2\)"):
