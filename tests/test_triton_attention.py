@@ -168,11 +168,17 @@ def test_half_precision_cuda(dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_write_kv_then_attend(device):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_write_kv_then_attend(device, interleaved):
     """write_kv stores exactly the given rows at their slots (a negative slot is skipped, other
-    slots untouched); attention over the written cache equals the reference."""
+    slots untouched); attention over the written cache equals the reference. `interleaved`: the
+    caches are strided views, K and V halves of one [num_blocks, 2, block_size, heads, dim] tensor."""
     block_size, kvh, d = 4, 2, 64
     batch = make_batch([(10, 3), (6, 1)], block_size=block_size, num_kv_heads=kvh, group=2, head_dim=d, device=device)
+    if interleaved:
+        both = torch.stack([batch["k_cache"], batch["v_cache"]], dim=1)
+        batch["k_cache"], batch["v_cache"] = both[:, 0], both[:, 1]
+        assert not batch["k_cache"].is_contiguous()
     k_cache, v_cache, tables = batch["k_cache"], batch["v_cache"], batch["block_tables"].cpu()
     # the new tokens: positions 7, 8, 9 of sequence 0 and position 5 of sequence 1, plus a padding row
     slots = [int(tables[0, p // block_size]) * block_size + p % block_size for p in (7, 8, 9)]
@@ -181,7 +187,7 @@ def test_write_kv_then_attend(device):
     v_new = torch.randn(5, kvh, d).to(device)
     before_k, before_v = k_cache.clone(), v_cache.clone()
     ta.write_kv(k_cache, v_cache, k_new, v_new, torch.tensor(slots, dtype=torch.int64, device=device))
-    flat_k, flat_v = k_cache.reshape(-1, kvh, d), v_cache.reshape(-1, kvh, d)
+    flat_k, flat_v = k_cache.reshape(-1, kvh, d), v_cache.reshape(-1, kvh, d)  # copies when interleaved
     assert torch.equal(flat_k[slots[:4]], k_new[:4]) and torch.equal(flat_v[slots[:4]], v_new[:4])
     untouched = torch.ones(flat_k.shape[0], dtype=torch.bool)
     untouched[slots[:4]] = False
