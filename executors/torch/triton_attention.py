@@ -326,11 +326,11 @@ def paged_attention(
     head h reads KV head h // (num_heads // num_kv_heads)). Returns [num_tokens, num_heads,
     head_dim] in q's dtype.
 
-    Optional host-side hints (no effect on the result): `max_query_len` (else bounded by
-    num_tokens - num_seqs + 1) sizes the prefill grid; `max_seq_len` (else block_tables' width x
-    block_size) and `num_splits` (a power of two) choose the decode key splits; `block_m` (query
-    rows per prefill tile) and `block_n` (keys per tile) are powers of two >= 16.
-    """
+    Optional host-side hints, so that nothing is copied back from the device: `max_query_len`
+    sizes the prefill grid (must be >= the longest query; default num_tokens - num_seqs + 1);
+    `max_seq_len` (default block_tables' width x block_size) and `num_splits` (a power of two)
+    choose the decode key splits; `block_m` (query rows per prefill tile) and `block_n` (keys per
+    tile) are powers of two >= 16. Only `max_query_len` can change the result (if too small)."""
     block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
     if q.dim() != 3 or q.shape[2] != head_dim:
         raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}], got {tuple(q.shape)}")
