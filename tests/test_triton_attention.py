@@ -226,7 +226,8 @@ def test_interpreter_runs_the_kernels(monkeypatch):
 
     # without the prefill launch the prefill sequence's rows are not computed; the decode row is
     monkeypatch.setattr(ta, "_prefill_kernel", {})  # a grid lookup that fails: the launch happens
-    batch = make_batch([(5, 1), (9, 4)], block_size=4, num_kv_heads=2, group=2, head_dim=64)
+    # (seed 1: no earlier call computed these rows, so memory torch.empty reuses cannot hold them)
+    batch = make_batch([(5, 1), (9, 4)], block_size=4, num_kv_heads=2, group=2, head_dim=64, seed=1)
     with pytest.raises(KeyError):
         ta.paged_attention(**batch, **TILES)
     monkeypatch.setattr(ta, "_prefill_kernel", {(2, 2, 1): lambda *a, **k: None})  # launched, does nothing
