@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
     _engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
+    _engine_flags(serve)
+    serve.add_argument("--model", help="the model to serve (with --executor sim: only the name /v1/models lists)")
+    serve.add_argument("--executor", choices=("sim", "torch"), help="sim (default): the cost model in real time")
+    serve.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"))
+    serve.add_argument("--step-time", type=float, help="seconds per step of the steps cost model (default 0.01)")
+    serve.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--max-waiting", type=int, help="answer 429 past this many waiting requests")
+    serve.add_argument("--ramp-s", type=float, help="cold start: reach max_num_seqs in flight over this many seconds")
     return parser
 
 
@@ -96,6 +107,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     if args.config:
         data = load_config_file(args.config)
         run.update(data.pop("run", {}) or {})
+        data.pop("serve", None)  # the server's table (metroline serve)
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
                 "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug"):
@@ -219,13 +231,38 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .core.config import load_config_file
+    from .core.serving.server import make_engine, serve
+    from .core.serving.tenants import ServeConfig
+
+    config, run = resolve_options(args)
+    table = dict(load_config_file(args.config).get("serve", {})) if args.config else {}
+    for key in ("model", "host", "port", "max_waiting", "ramp_s"):
+        if getattr(args, key, None) is not None:
+            table[key] = getattr(args, key)
+    serve_config = ServeConfig.model_validate(table)
+    if run.get("executor", "sim") == "sim":
+        from .executors.realtime import RealtimeExecutor
+
+        executor = RealtimeExecutor(make_executor(run))
+    else:
+        from .executors.registry import make_executor as make_named  # the torch executor (issue 9)
+
+        executor = make_named(run["executor"], model=serve_config.model)
+    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
+    serve(make_engine(config, executor), serve_config)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["run"]
     args = parser.parse_args(argv)
-    commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads}
+    commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads,
+                "serve": cmd_serve}
     from .core.errors import PluginError
 
     try:

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (`metroline serve`): app, wire format, tenants, metrics."""

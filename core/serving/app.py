@@ -1,0 +1,238 @@
+"""The HTTP app (Starlette): OpenAI's completions and chat completions, models, health, metrics.
+
+`build_app(engine, serve)` needs only an `Engine`, the server's `ServeConfig` and, optionally, a
+tokenizer (by default the executor's, else the simulated stand-ins of `tokens.py`). The engine is
+stepped by an `AsyncEngine` started and stopped with the app (its lifespan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..async_engine import AsyncEngine, Rejected, RequestStream
+from ..engine import Engine
+from ..request import Request, SamplingParams
+from ..sequence import FinishReason
+from . import protocol as p
+from .metrics import ServerMetrics
+from .tenants import ServeConfig, Tenants, quota_retry_after
+from .tokens import TextStream, tokenizer_for
+
+_OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+def error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+          headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(p.error_body(message, type_, param, code), status_code=status, headers=headers)
+
+
+class _Refusal(Exception):
+    def __init__(self, response: JSONResponse) -> None:
+        self.response = response
+
+
+class Server:
+    """The state behind the routes: engine loop, tenants, tokenizer, metrics."""
+
+    def __init__(self, engine: Engine, serve: ServeConfig, tokenizer: Any = None) -> None:
+        self.engine = engine
+        self.serve = serve
+        self.tenants = Tenants(serve)
+        self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(engine.executor)
+        self.metrics = ServerMetrics(engine.config.max_num_seqs, engine.config.max_num_batched_tokens)
+        self.loop = AsyncEngine(
+            engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
+            stall_timeout=serve.stall_timeout, after_step=self.metrics.after_step,
+        )
+
+    # --- building a request ----------------------------------------------------------------------
+
+    def _refuse(self, tenant: str, reason: str, status: int, message: str, type_: str,
+                param: str | None = None, code: str | None = None, retry_after: float | None = None) -> _Refusal:
+        self.metrics.reject(tenant, reason)
+        headers = None if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
+        return _Refusal(error(status, message, type_, param, code, headers))
+
+    async def _admit(self, http: HTTPRequest, chat: bool) -> tuple[Any, Request, RequestStream]:
+        tenant = self.tenants.identify(http.headers.get("authorization"))
+        if tenant is None:
+            raise self._refuse("unknown", "auth", 401, "missing or unknown API key (Authorization: Bearer KEY)",
+                               "invalid_request_error", code="invalid_api_key")
+        try:
+            raw = await http.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise self._refuse(tenant, "invalid", 400, f"the body is not JSON: {exc}", "invalid_request_error")
+        try:
+            body = (p.ChatCompletionBody if chat else p.CompletionBody).model_validate(raw)
+        except ValidationError as exc:
+            raise self._refuse(tenant, "invalid", 400, p.describe(exc), "invalid_request_error", p.field_of(exc))
+        if body.model is not None and body.model != self.serve.model:
+            raise self._refuse(tenant, "invalid", 404, f"model {body.model!r} does not exist; this server "
+                               f"serves {self.serve.model!r}", "invalid_request_error", "model", "model_not_found")
+        priority, problem = self.tenants.priority(tenant, body.priority)
+        if problem:
+            raise self._refuse(tenant, "priority", 429, problem, "rate_limit_error", "priority")
+        if chat:
+            prompt = self.tokenizer.chat_prompt([(m.role, m.text()) for m in body.messages])
+        elif isinstance(body.prompt, str):
+            prompt = self.tokenizer.encode(body.prompt)
+        else:
+            prompt = list(body.prompt)
+        limit = self.engine.config.max_model_len
+        max_tokens = body.max_completion_tokens or body.max_tokens or max(
+            1, min(self.serve.default_max_tokens, limit - len(prompt)))
+        now = self.engine.executor.now()
+        try:
+            request = self.engine.validate(Request(
+                request_id=uuid.uuid4().hex, tenant=tenant, priority=priority, prompt_token_ids=prompt,
+                deadline=None if body.deadline_s is None else now + body.deadline_s,
+                expected_output_tokens=body.expected_output_tokens, cache_salt=self.tenants.cache_salt(tenant),
+                sampling=SamplingParams(
+                    max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                    seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
+                ),
+            ))
+        except ValidationError as exc:
+            msg = p.describe(exc)
+            param = "messages" if chat else "prompt"
+            if "max_new_tokens" in msg and "max_model_len" not in msg:
+                param = "max_tokens"
+            raise self._refuse(tenant, "invalid", 400, msg.replace("sampling.max_new_tokens", "max_tokens"),
+                               "invalid_request_error", param)
+        wait = quota_retry_after(self.engine, tenant, len(prompt))
+        if wait is not None:
+            raise self._refuse(tenant, "quota", 429, f"tenant {tenant!r} is over its token-rate quota",
+                               "rate_limit_error", retry_after=wait)
+        try:
+            stream = self.loop.submit(request)
+        except Rejected as exc:
+            type_ = "rate_limit_error" if exc.status == 429 else "server_error"
+            raise self._refuse(tenant, exc.reason, exc.status, str(exc), type_, retry_after=exc.retry_after)
+        return body, request, stream
+
+    # --- routes ----------------------------------------------------------------------------------
+
+    async def chat(self, http: HTTPRequest) -> Response:
+        return await self._complete(http, chat=True)
+
+    async def completions(self, http: HTTPRequest) -> Response:
+        return await self._complete(http, chat=False)
+
+    async def _complete(self, http: HTTPRequest, chat: bool) -> Response:
+        try:
+            body, request, stream = await self._admit(http, chat)
+        except _Refusal as refusal:
+            return refusal.response
+        shapes = p.Shapes(request.request_id, self.serve.model, chat)
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        if body.stream:
+            return StreamingResponse(self._sse(stream, shapes, stops, body.include_usage), media_type="text/event-stream")
+        try:
+            text, reason = "", None
+            texts = TextStream(self.tokenizer)
+            while reason is None:
+                await stream.next()
+                text += texts.delta(stream.tokens, final=stream.finished)
+                text, reason = self._stop(stream, text, stops)
+        finally:
+            if not stream.finished:
+                self.loop.abort(request.request_id)
+        if reason == "error":
+            return error(500, f"the engine failed this request: {stream.error}", "server_error")
+        if reason == "cancelled":
+            return error(503, "the request was cancelled (server shutting down)", "server_error")
+        use = p.usage(len(request.prompt_token_ids), len(stream.tokens))
+        return JSONResponse(shapes.response(text, reason, use))
+
+    def _stop(self, stream: RequestStream, text: str, stops: list[str]) -> tuple[str, str | None]:
+        """(text to keep, the OpenAI finish reason or None while the request goes on)."""
+        for s in stops:
+            i = text.find(s) if s else -1
+            if i >= 0:
+                if not stream.finished:
+                    self.loop.abort(stream.request_id)
+                return text[:i], "stop"
+        if not stream.finished:
+            return text, None
+        if stream.finish_reason in _OPENAI_REASON:
+            return text, _OPENAI_REASON[stream.finish_reason]
+        return text, "error" if stream.finish_reason is FinishReason.FAILED else "cancelled"
+
+    async def _sse(self, stream: RequestStream, shapes: p.Shapes, stops: list[str], include_usage: bool):
+        texts = TextStream(self.tokenizer)
+        hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string
+        sent, text, reason = 0, "", None
+        try:
+            yield p.sse(shapes.chunk("", first=True) if shapes.chat else shapes.chunk(""))
+            while reason is None:
+                await stream.next()
+                text += texts.delta(stream.tokens, final=stream.finished)
+                text, reason = self._stop(stream, text, stops)
+                upto = len(text) if reason is not None else max(sent, len(text) - hold)
+                if upto > sent and reason not in ("error", "cancelled"):
+                    yield p.sse(shapes.chunk(text[sent:upto]))
+                    sent = upto
+            if reason in ("error", "cancelled"):
+                msg = f"the engine failed this request: {stream.error}" if reason == "error" else "cancelled"
+                yield p.sse(p.error_body(msg, "server_error"))
+            else:
+                use = p.usage(len(stream.request.prompt_token_ids), len(stream.tokens))
+                yield p.sse(shapes.chunk("", reason, use=use))
+                if include_usage:
+                    yield p.sse(shapes.usage_chunk(use))
+            yield p.DONE
+        finally:
+            if not stream.finished:
+                self.loop.abort(stream.request_id)
+
+    async def models(self, http: HTTPRequest) -> Response:
+        card = {"id": self.serve.model, "object": "model", "created": 0, "owned_by": "metroline"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, http: HTTPRequest) -> Response:
+        if not self.loop.running:
+            return error(503, "the engine loop is not running", "server_error")
+        return JSONResponse({"status": "ok", **self.loop.describe()})
+
+    async def prometheus(self, http: HTTPRequest) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        await self.loop.start()
+        try:
+            yield
+        finally:
+            await self.loop.shutdown(drain_s=self.serve.drain_s)
+
+
+async def _server_error(http: HTTPRequest, exc: Exception) -> Response:
+    return error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def build_app(engine: Engine, serve: ServeConfig | None = None, tokenizer: Any = None) -> Starlette:
+    """The ASGI app serving `engine`; `app.state.server` is its `Server`."""
+    server = Server(engine, serve or ServeConfig(), tokenizer)
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", server.chat, methods=["POST"]),
+            Route("/v1/completions", server.completions, methods=["POST"]),
+            Route("/v1/models", server.models, methods=["GET"]),
+            Route("/health", server.health, methods=["GET"]),
+            Route("/metrics", server.prometheus, methods=["GET"]),
+        ],
+        exception_handlers={Exception: _server_error},
+        lifespan=server.lifespan,
+    )
+    app.state.server = server
+    return app

@@ -1,0 +1,104 @@
+"""`/metrics`: the server's Prometheus metrics (prometheus_client), fed after every step.
+
+The engine's own `MetricsCollector` logs every step and finished request; the server drains those
+logs into counters, gauges and histograms after each step (and empties them, so a long-running
+server keeps no per-request history).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..metrics import DECODE_TOKENS, NUM_SEQS, PREEMPTIONS, PREFILL_TOKENS
+
+_SHARES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    """Every metric of one server, in its own registry (two servers in a process do not mix)."""
+
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        r = self.registry = CollectorRegistry()
+        self.budget = max_num_batched_tokens
+        self.waiting = Gauge("metroline_waiting_requests", "Requests waiting for admission", registry=r)
+        self.running = Gauge("metroline_running_requests", "Running sequences", registry=r)
+        self.swapped = Gauge("metroline_swapped_requests", "Sequences swapped out to host memory", registry=r)
+        self.free_blocks = Gauge("metroline_free_blocks", "KV blocks on the free list", registry=r)
+        self.cached_blocks = Gauge("metroline_cached_blocks", "Evictable KV blocks holding cached prefixes", registry=r)
+        self.preemptions = Counter("metroline_preemptions", "Preemptions", registry=r)
+        self.recomputed = Counter("metroline_recomputed_tokens", "Tokens recomputed after a preemption", registry=r)
+        self.steps = Counter("metroline_steps", "Engine steps that scheduled work", registry=r)
+        batch_buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b < max_num_seqs)
+        self.batch_size = Histogram(
+            "metroline_step_batch_size", "Sequences scheduled per step", registry=r,
+            buckets=(*batch_buckets, max_num_seqs),
+        )
+        tok_buckets = tuple(b for b in (1, 4, 16, 64, 256, 1024, 4096) if b < max_num_batched_tokens)
+        self.step_tokens = Histogram(
+            "metroline_step_tokens", "Tokens scheduled per step", registry=r,
+            buckets=(*tok_buckets, max_num_batched_tokens),
+        )
+        self.prefill_share = Histogram(
+            "metroline_step_prefill_share", "Prefill tokens / the step's token budget", registry=r, buckets=_SHARES,
+        )
+        self.decode_share = Histogram(
+            "metroline_step_decode_share", "Decode tokens / the step's token budget", registry=r, buckets=_SHARES,
+        )
+        self.ttft = Histogram("metroline_ttft_seconds", "Time to first token", registry=r, buckets=_LATENCY)
+        self.itl = Histogram("metroline_itl_seconds", "Time between two output tokens", registry=r, buckets=_LATENCY)
+        self.tokens = Counter("metroline_tokens_served", "Output tokens served", ["tenant"], registry=r)
+        self.prompt_tokens = Counter("metroline_prompt_tokens", "Prompt tokens of admitted requests", ["tenant"], registry=r)
+        self.finished = Counter(
+            "metroline_requests_finished", "Requests ended, by finish reason", ["tenant", "reason"], registry=r,
+        )
+        self.rejections = Counter(
+            "metroline_rejections", "Requests refused before reaching the engine", ["tenant", "reason"], registry=r,
+        )
+
+    def after_step(self, engine: Any, outputs: list[Any]) -> None:
+        """Drain the engine's step log and finished records into the metrics."""
+        log = engine.metrics
+        budget = self.budget
+        for row in log.steps:
+            prefill, decode = row[PREFILL_TOKENS], row[DECODE_TOKENS]
+            self.steps.inc()
+            self.batch_size.observe(row[NUM_SEQS])
+            self.step_tokens.observe(prefill + decode)
+            self.prefill_share.observe(prefill / budget)
+            self.decode_share.observe(decode / budget)
+            if row[PREEMPTIONS]:
+                self.preemptions.inc(row[PREEMPTIONS])
+        log.steps.clear()
+        for rec in log.requests:
+            self.finished.labels(rec.tenant, rec.finish_reason).inc()
+            if rec.recomputed_tokens:
+                self.recomputed.inc(rec.recomputed_tokens)
+            if rec.first_token_s is not None:
+                self.ttft.observe(rec.first_token_s - rec.arrival_s)
+                self.prompt_tokens.labels(rec.tenant).inc(rec.prompt_tokens)
+            times = rec.token_times
+            for a, b in zip(times, times[1:]):
+                self.itl.observe(b - a)
+        log.requests.clear()
+        served: dict[str, int] = {}
+        for out in outputs:
+            if out.new_token_ids:
+                t = out.seq.tenant
+                served[t] = served.get(t, 0) + len(out.new_token_ids)
+        for t, n in served.items():
+            self.tokens.labels(t).inc(n)
+        s, pool = engine.scheduler, engine.pool
+        self.waiting.set(len(s.waiting))
+        self.running.set(len(s.running))
+        self.swapped.set(len(s.swapped))
+        self.free_blocks.set(pool.num_free_blocks())
+        self.cached_blocks.set(pool.num_cached_blocks())
+
+    def reject(self, tenant: str, reason: str) -> None:
+        self.rejections.labels(tenant, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

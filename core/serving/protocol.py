@@ -1,0 +1,142 @@
+"""The OpenAI wire format: request bodies (pydantic), response and chunk bodies, errors, SSE.
+
+Metroline's own fields ride along in the body (the `openai` client sends them with `extra_body`):
+`priority` (lower is more urgent), `deadline_s` (seconds from now), `expected_output_tokens`
+and `stop_token_ids`; they reach the plugins unchanged on the request's `Sequence`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Body(BaseModel):
+    # unknown OpenAI fields (user, logprobs=None, ...) are accepted and ignored, as OpenAI's are
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    n: Literal[1] = 1
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    priority: int | None = None
+    deadline_s: float | None = Field(default=None, gt=0.0)
+    expected_output_tokens: int | None = Field(default=None, ge=0)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = ""
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.get("text", "") for part in self.content if isinstance(part, dict))
+        return self.content or ""
+
+
+class ChatCompletionBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionBody(_Body):
+    prompt: str | list[int] = Field(min_length=1)
+
+
+def field_of(exc: ValidationError) -> str:
+    """The first invalid field of a pydantic error, dotted (`messages.0.role`)."""
+    errors = exc.errors()
+    return ".".join(str(p) for p in errors[0]["loc"]) if errors and errors[0]["loc"] else ""
+
+
+def describe(exc: ValidationError) -> str:
+    """One line per problem: `field: message`."""
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+    return "; ".join(parts)
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def sse(data: dict | str) -> bytes:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+DONE = sse("[DONE]")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class Shapes:
+    """Builds the response and chunk bodies of one request (`chat` or plain completion)."""
+
+    __slots__ = ("id", "model", "chat", "created")
+
+    def __init__(self, request_id: str, model: str, chat: bool) -> None:
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.model = model
+        self.chat = chat
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False, use: dict | None = None) -> dict:
+        body = self._head(True)
+        if self.chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        body["choices"] = [choice]
+        if use is not None:
+            body["usage"] = use
+        return body
+
+    def usage_chunk(self, use: dict) -> dict:
+        return {**self._head(True), "choices": [], "usage": use}
+
+    def response(self, text: str, finish_reason: str, use: dict) -> dict:
+        body = self._head(False)
+        if self.chat:
+            choice = {
+                "index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": None, "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        body["choices"] = [choice]
+        body["usage"] = use
+        return body

@@ -1,0 +1,89 @@
+"""Running the app: `make_engine` for `metroline serve`, `serve` (uvicorn, blocking, SIGTERM drains)
+and `ServerThread` (in-process on an ephemeral loopback port, for tests and benches)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import uvicorn
+
+from ..config import EngineConfig
+from ..engine import Engine
+from .app import build_app
+from .tenants import ServeConfig
+from .tokens import ContentTokens
+
+
+def make_engine(config: EngineConfig, executor: Any, plugins: list[Any] = ()) -> Engine:
+    """An engine for serving: it forgets ended requests; on a simulated executor (no logits) its
+    stand-in tokens depend only on each request's own tokens (`ContentTokens`)."""
+    extra = list(plugins)
+    if getattr(executor, "name", "") == "sim":
+        extra.append(ContentTokens())
+    return Engine(config, executor, plugins=extra, retain_finished=False)
+
+
+def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=serve.host, port=serve.port if port is None else port, log_level="warning",
+        timeout_graceful_shutdown=max(1, int(serve.drain_s)), lifespan="on",
+    )
+
+
+def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None) -> None:
+    """Serve until SIGINT/SIGTERM: uvicorn stops accepting, in-flight streams get `drain_s` seconds
+    to finish, then the engine loop cancels the rest and frees their blocks."""
+    app = build_app(engine, serve_config, tokenizer)
+    uvicorn.Server(_uvicorn_config(app, serve_config)).run()
+
+
+class ServerThread:
+    """The app on 127.0.0.1 and an ephemeral port, in a background thread; a context manager.
+
+    ```python
+    with ServerThread(engine, ServeConfig()) as srv:
+        httpx.get(srv.url + "/health")
+    ```
+    """
+
+    def __init__(self, engine: Engine, serve: ServeConfig | None = None, tokenizer: Any = None,
+                 start_timeout: float = 20.0) -> None:
+        serve = (serve or ServeConfig()).model_copy(update={"host": "127.0.0.1", "port": 0})
+        self.app = build_app(engine, serve, tokenizer)
+        self.server_state = self.app.state.server
+        self.engine = engine
+        self._uv = uvicorn.Server(_uvicorn_config(self.app, serve))
+        self._uv.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._run, name="metroline-server", daemon=True)
+        self._start_timeout = start_timeout
+        self.port = 0
+
+    def _run(self) -> None:
+        asyncio.run(self._uv.serve())
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        import time
+
+        deadline = time.monotonic() + self._start_timeout
+        while not self._uv.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        self.port = self._uv.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._uv.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError("the server did not stop")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
