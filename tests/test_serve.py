@@ -96,7 +96,7 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, stop_after: i
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choice = json.loads(line[6:])["choices"][0]
-            text += choice["delta"].get("content", "")
+            text += choice["delta"].get("content", "") if "delta" in choice else choice["text"]
             reason = choice["finish_reason"] or reason
             seen += 1
             if stop_after is not None and seen >= stop_after:
@@ -138,3 +138,107 @@ def test_64_streams_with_a_fifth_hanging_up_complete_as_alone_and_free_every_blo
     assert m[("metroline_requests_finished_total", (("reason", "length"), ("tenant", "default")))] == 64 - len(hung_up)
     served = m[("metroline_tokens_served_total", (("tenant", "default"),))]
     assert served >= sum(b["max_tokens"] for i, b in enumerate(bodies) if i not in hung_up) + 3 * len(hung_up)
+
+
+TENANTS = {
+    "alpha": {"api_keys": ["key-a"], "highest_priority": 1},
+    "beta": {"api_keys": ["key-b"]},
+}
+
+
+class Recorder:
+    """Keeps what the plugins see of each arriving request."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    from metroline.core.hookspecs import hookimpl
+
+    @hookimpl
+    def on_arrival(self, seqs):
+        self.seen += [(s.tenant, s.priority, s.expected_output_tokens, s.cache_salt, s.deadline is not None)
+                      for s in seqs]
+
+
+def test_keys_priorities_bad_fields_and_long_prompts_answer_401_429_400_and_count_in_metrics():
+    recorder = Recorder()
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(max_model_len=128), executor, plugins=[recorder])
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    with ServerThread(engine, ServeConfig(tenants=TENANTS)) as srv:
+        url = srv.url + "/v1/chat/completions"
+        assert httpx.post(url, json=chat).status_code == 401
+        r = httpx.post(url, json=chat, headers={"Authorization": "Bearer nope"})
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "invalid_api_key")
+        r = httpx.post(url, json={**chat, "priority": 0}, headers=a)  # alpha may ask for 1 at most
+        assert (r.status_code, r.json()["error"]["param"]) == (429, "priority")
+        r = httpx.post(url, json={**chat, "temperature": 7}, headers=a)
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "temperature")
+        r = httpx.post(url, json={**chat, "messages": [{"role": "robot", "content": "x"}]}, headers=a)
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "messages.0.role")
+        # the stand-in prompt is its bytes plus the template "user: ...\nassistant:" (17 bytes)
+        long = {"messages": [{"role": "user", "content": "y" * 100}], "max_tokens": 20}
+        r = httpx.post(url, json=long, headers=b)
+        assert r.status_code == 400 and "= 137 exceeds max_model_len=128" in r.json()["error"]["message"]
+        ok_a = httpx.post(url, json={**chat, "priority": 3, "expected_output_tokens": 5, "deadline_s": 9}, headers=a)
+        ok_b = httpx.post(url, json=chat, headers=b)
+        assert (ok_a.status_code, ok_b.status_code) == (200, 200)
+        assert ok_a.json()["usage"]["completion_tokens"] == 3
+        m = metrics(srv.url)
+    assert recorder.seen == [("alpha", 3, 5, "tenant:alpha", True), ("beta", 0, None, "tenant:beta", False)]
+    rejected = {k[1]: v for k, v in m.items() if k[0] == "metroline_rejections_total"}
+    assert rejected == {
+        (("reason", "auth"), ("tenant", "unknown")): 2, (("reason", "priority"), ("tenant", "alpha")): 1,
+        (("reason", "invalid"), ("tenant", "alpha")): 2, (("reason", "invalid"), ("tenant", "beta")): 1,
+    }
+    assert m[("metroline_tokens_served_total", (("tenant", "alpha"),))] == 3
+    assert m[("metroline_tokens_served_total", (("tenant", "beta"),))] == 3
+    assert m[("metroline_requests_finished_total", (("reason", "length"), ("tenant", "alpha")))] == 1
+    assert m[("metroline_ttft_seconds_count", ())] == 2
+    assert m[("metroline_itl_seconds_count", ())] == 2 * 2  # 3 tokens: 2 gaps each
+
+
+def test_an_empty_token_bucket_answers_429_with_retry_after():
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    options = {"tenant_quota": {"token_rate": {"alpha": 1}, "burst": 100}}
+    engine = make_engine(EngineConfig(plugins=["tenant_quota"], plugin_options=options), executor)
+    body = {"prompt": list(range(1, 61)), "max_tokens": 1}
+    with ServerThread(engine, ServeConfig(tenants=TENANTS)) as srv:
+        url = srv.url + "/v1/completions"
+        a = {"Authorization": "Bearer key-a"}
+        assert httpx.post(url, json=body, headers=a).status_code == 200
+        r = httpx.post(url, json=body, headers=a)
+        # the bucket held 100 - 60 (prompt) - 1 (output) = 39 (+ under 1 token refilled since):
+        # 60 - 39 = 21 tokens at 1 token/s
+        assert (r.status_code, r.headers["retry-after"]) == (429, "21")
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearer key-b"}).status_code == 200
+
+
+def test_a_full_waiting_queue_answers_429_at_once():
+    with sim_server(step_time=0.002, max_num_seqs=1, serve={"max_waiting": 2}) as srv:
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                url = srv.url + "/v1/completions"
+                long = {"prompt": "a", "max_tokens": 2000, "stream": True}
+                async with client.stream("POST", url, json=long) as running:
+                    lines = running.aiter_lines()
+                    while not (await anext(lines)).startswith("data: {"):
+                        pass  # the first request runs (max_num_seqs=1)
+                    waiting = [asyncio.create_task(_stream(client, url, {"prompt": "b", "max_tokens": 2}))
+                               for _ in range(2)]
+                    for _ in range(2000):  # bounded: 10 s
+                        if len(srv.engine.scheduler.waiting) == 2:
+                            break
+                        await asyncio.sleep(0.005)
+                    refused = await client.post(url, json={"prompt": "c", "max_tokens": 2})
+                # the first request hung up: the two waiting ones run
+                return refused, await asyncio.gather(*waiting)
+        refused, waited = asyncio.run(main())
+    assert refused.status_code == 429 and "max_waiting=2" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "1"
+    assert [(s, r) for s, _, r in waited] == [(200, "length"), (200, "length")]
+    all_free_or_evictable(srv.engine)

@@ -83,6 +83,10 @@ class ServerThread:
         self._uv.should_exit = True
         self._thread.join(timeout)
         if self._thread.is_alive():
+            self._uv.force_exit = True
+            self._thread.join(5)
+            raise RuntimeError("the server did not stop in time; forced it")
+        if self._thread.is_alive():
             raise RuntimeError("the server did not stop")
 
     def __exit__(self, *exc: Any) -> None:

@@ -24,13 +24,23 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TenantConfig(BaseModel):
-    """One tenant: its API keys, the most urgent priority it may ask for, its default priority."""
+    """One tenant: its API keys, the most urgent (lowest) priority it may ask for, and the priority
+    of its requests that ask for none (default: 0, or `highest_priority` when that is above 0)."""
 
     model_config = ConfigDict(extra="forbid")
 
     api_keys: list[str] = Field(min_length=1)
     highest_priority: int | None = None
-    default_priority: int = 0
+    default_priority: int | None = None
+
+    @model_validator(mode="after")
+    def _default_allowed(self) -> TenantConfig:
+        h = self.highest_priority
+        if self.default_priority is None:
+            self.default_priority = 0 if h is None else max(0, h)
+        elif h is not None and self.default_priority < h:
+            raise ValueError(f"default_priority ({self.default_priority}) is above highest_priority ({h})")
+        return self
 
 
 class ServeConfig(BaseModel):
