@@ -242,3 +242,95 @@ def test_a_full_waiting_queue_answers_429_at_once():
     assert refused.headers["retry-after"] == "1"
     assert [(s, r) for s, _, r in waited] == [(200, "length"), (200, "length")]
     all_free_or_evictable(srv.engine)
+
+
+class FaultyExecutor(RealtimeExecutor):
+    """Fails every step that schedules a request whose prompt starts with token 99."""
+
+    def execute(self, plan):
+        if any(s.token_ids[0] == 99 for s in plan.scheduled):
+            raise RuntimeError("device lost")
+        return super().execute(plan)
+
+
+def test_an_executor_failure_answers_500_for_its_step_and_the_server_goes_on():
+    executor = FaultyExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(), executor)
+    with ServerThread(engine, ServeConfig()) as srv:
+        url = srv.url + "/v1/completions"
+        r = httpx.post(url, json={"prompt": [99, 1, 2], "max_tokens": 4})
+        assert r.status_code == 500 and "RuntimeError: device lost" in r.json()["error"]["message"]
+        s = asyncio.run(_stream_once(url, {"prompt": [99, 5], "max_tokens": 4}))
+        assert '"type":"server_error"' in s and s.endswith("data: [DONE]\n\n")
+        ok = httpx.post(url, json={"prompt": [7, 1, 2], "max_tokens": 4})
+        assert ok.status_code == 200 and ids(ok.json()["choices"][0]["text"]) == alone([7, 1, 2], 4)
+        assert httpx.get(srv.url + "/health").status_code == 200
+        m = metrics(srv.url)
+    assert m[("metroline_requests_finished_total", (("reason", "failed"), ("tenant", "default")))] == 2
+    all_free_or_evictable(engine)
+
+
+async def _stream_once(url: str, body: dict) -> str:
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(url, json={**body, "stream": True})
+        return r.text
+
+
+def test_stopping_the_server_cancels_streams_in_flight_and_frees_their_blocks():
+    srv = sim_server(step_time=0.002, serve={"drain_s": 0})
+    with srv:
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                url = srv.url + "/v1/completions"
+                tasks = [asyncio.create_task(_stream(client, url, {"prompt": f"p{i}", "max_tokens": 5000}))
+                         for i in range(4)]
+                for _ in range(2000):
+                    if len(srv.engine.scheduler.running) == 4:
+                        break
+                    await asyncio.sleep(0.005)
+                await asyncio.to_thread(srv.stop)
+                return await asyncio.gather(*tasks, return_exceptions=True)
+        results = asyncio.run(main())
+        assert not srv.server_state.loop.running
+        all_free_or_evictable(srv.engine)
+        srv.stop = lambda timeout=0: None  # already stopped
+    assert len(results) == 4
+    assert all(isinstance(r, Exception) or r[2] != "length" for r in results)
+
+
+def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
+    """Both tenants saturate the server (12 clients each for 8 slots); the tokens served to alpha
+    and beta (counted when each completion arrives) stay within 15% of 1:2 in every window.
+    Steps of 10 ms make 3 s windows hold 300 steps."""
+    options = {"weighted_fair": {"weights": {"alpha": 1, "beta": 2}}}
+    window, windows, warmup = 3.0, 3, 1.0
+    with sim_server(step_time=0.01, max_num_seqs=8, policy="weighted_fair", plugin_options=options,
+                    serve={"tenants": TENANTS}) as srv:
+        url = srv.url + "/v1/chat/completions"
+
+        async def client(key: str, log: list, end: float, seed: int):
+            # lengths vary so that requests end (and slots free) one at a time, not in batches
+            rng = random.Random(seed)
+            headers = {"Authorization": f"Bearer {key}"}
+            loop = asyncio.get_running_loop()
+            async with httpx.AsyncClient(timeout=30) as c:
+                while loop.time() < end:
+                    body = {"messages": [{"role": "user", "content": "same shape"}],
+                            "max_tokens": rng.randrange(8, 57), "priority": 1}
+                    r = await c.post(url, json=body, headers=headers)
+                    assert r.status_code == 200
+                    log.append((loop.time(), r.json()["usage"]["completion_tokens"]))
+
+        async def main():
+            t0 = asyncio.get_running_loop().time()
+            logs = {"alpha": [], "beta": []}
+            end = t0 + warmup + window * windows
+            await asyncio.gather(*(client(f"key-{t[0]}", logs[t], end, 100 * i + j)
+                                   for i, t in enumerate(logs) for j in range(12)))
+            return t0, logs
+
+        start, logs = asyncio.run(main())
+    for w in range(windows):
+        lo = start + warmup + w * window  # the first second fills the queues
+        got = {t: sum(n for at, n in log if lo <= at < lo + window) for t, log in logs.items()}
+        assert got["alpha"] > 0 and abs(got["beta"] / got["alpha"] - 2) <= 0.15 * 2, (w, got)
