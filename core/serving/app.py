@@ -95,6 +95,7 @@ class Server:
         try:
             request = self.engine.validate(Request(
                 request_id=uuid.uuid4().hex, tenant=tenant, priority=priority, prompt_token_ids=prompt,
+                arrival_time=now,  # queued until the step in flight ends: that wait counts in its TTFT
                 deadline=None if body.deadline_s is None else now + body.deadline_s,
                 expected_output_tokens=body.expected_output_tokens, cache_salt=self.tenants.cache_salt(tenant),
                 sampling=SamplingParams(

@@ -61,7 +61,12 @@ class ServerThread:
         self.port = 0
 
     def _run(self) -> None:
-        asyncio.run(self._uv.serve())
+        factory = getattr(self._uv.config, "get_loop_factory", lambda: None)()  # uvloop when installed
+        if factory is None:
+            asyncio.run(self._uv.serve())
+        else:
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(self._uv.serve())
 
     def __enter__(self) -> ServerThread:
         self._thread.start()

@@ -1,0 +1,210 @@
+"""Load test of `metroline serve` on the simulated executor in real time, over loopback HTTP.
+
+The server runs in this process (127.0.0.1, an ephemeral port); the clients run in a child process
+(so that they do not share the server's interpreter lock): streaming chat completions arriving as a
+Poisson process at `--rate` per second for `--duration` seconds, at most `--max-clients` in flight
+(an arrival past that is counted as `dropped`), tenants drawn at random, `--disconnect` of them
+hanging up after a few tokens. Prints client-side TTFT and inter-token latency percentiles,
+per-tenant throughput, the 429 count, and the server's own overhead: for each request, its TTFT as
+the client saw it minus its TTFT inside the engine (first token time - arrival, on the wall clock),
+i.e. HTTP, JSON, SSE and the engine loop's hand-offs.
+
+    .venv/bin/python bench/serve_load.py --rate 100 --duration 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import random
+import time
+
+TENANTS = {"alpha": "key-alpha", "beta": "key-beta", "gamma": "key-gamma"}
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
+
+
+async def _events(host: str, port: int, path: str, body: dict, key: str):
+    """POST `body` and yield (status, event payload) for each server-sent event: a minimal HTTP/1.1
+    client on asyncio streams (one connection per request), far cheaper than a general client at
+    hundreds of concurrent streams on two cores."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        data = json.dumps(body).encode()
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        chunked = False
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+                chunked = True
+        if status != 200:
+            yield status, None
+            return
+        buf = b""
+        while True:
+            if chunked:
+                size = int((await reader.readline()).strip() or b"0", 16)
+                if size == 0:
+                    return
+                buf += await reader.readexactly(size + 2)
+                buf = buf[:-2] if buf.endswith(b"\r\n") else buf
+            else:
+                more = await reader.read(65536)
+                if not more:
+                    return
+                buf += more
+            *events, buf = buf.split(b"\n\n")
+            for ev in events:
+                if ev.startswith(b"data: "):
+                    yield 200, ev[6:]
+    finally:
+        writer.close()
+
+
+async def _one(url: str, tenant: str, body: dict, hang_up_after: int | None, out: list) -> None:
+    host, _, rest = url.removeprefix("http://").partition(":")
+    port, _, path = rest.partition("/")
+    start = time.monotonic()
+    times, rid, status, tokens = [], None, 0, 0
+    try:
+        async for status, payload in _events(host, int(port), "/" + path, body, TENANTS[tenant]):
+            if payload is None or payload == b"[DONE]":
+                continue
+            chunk = json.loads(payload)
+            rid = chunk["id"]
+            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if content:
+                times.append(time.monotonic())
+                tokens += len(content.split())
+                if hang_up_after is not None and len(times) >= hang_up_after:
+                    break
+    except Exception as exc:  # noqa: BLE001 - a load test counts failures, it does not stop
+        status = f"{type(exc).__name__}"
+    out.append({"tenant": tenant, "status": status, "start": start, "times": times, "id": rid,
+                "tokens": tokens, "hung_up": hang_up_after is not None})
+
+
+async def _clients(url: str, rate: float, duration: float, max_clients: int, disconnect: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    out: list[dict] = []
+    dropped = 0
+    tasks: set[asyncio.Task] = set()
+    t0 = time.monotonic()
+    next_at = t0
+    while next_at < t0 + duration:
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        next_at += rng.expovariate(rate)
+        tasks = {t for t in tasks if not t.done()}
+        if len(tasks) >= max_clients:
+            dropped += 1
+            continue
+        tenant = rng.choice(list(TENANTS))
+        body = {"messages": [{"role": "user", "content": "hi " * rng.randrange(5, 40)}],
+                "max_tokens": rng.randrange(8, 48), "stream": True, "temperature": 0}
+        hang = rng.randrange(1, 4) if rng.random() < disconnect else None
+        tasks.add(asyncio.create_task(_one(url, tenant, body, hang, out)))
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    wall = time.monotonic() - t0
+    return {"results": out, "dropped": dropped, "wall": wall, "cpu": time.process_time()}
+
+
+def _client_main(url: str, args: dict, conn) -> None:
+    try:
+        import uvloop
+
+        conn.send(uvloop.run(_clients(url, **args)))
+    except ImportError:
+        conn.send(asyncio.run(_clients(url, **args)))
+    conn.close()
+
+
+class EngineTTFT:
+    """Records each request's TTFT inside the engine (a plugin: `on_finished`)."""
+
+    name = "engine_ttft"
+
+    def __init__(self) -> None:
+        self.ttft: dict[str, float] = {}
+
+    from metroline.core.hookspecs import hookimpl
+
+    @hookimpl
+    def on_finished(self, seqs) -> None:
+        for s in seqs:
+            if s.first_token_time is not None:
+                self.ttft[s.request_id] = s.first_token_time - s.arrival_time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=100.0, help="arrivals per second")
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals (bounded: at most 120)")
+    ap.add_argument("--max-clients", type=int, default=256, help="streams in flight at most (at most 1024)")
+    ap.add_argument("--disconnect", type=float, default=0.1, help="share of clients hanging up mid-stream")
+    ap.add_argument("--cost-model", default="linear", help="the simulated executor's cost model")
+    ap.add_argument("--max-waiting", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    duration, max_clients = min(args.duration, 120.0), min(args.max_clients, 1024)
+
+    from metroline.core.config import EngineConfig
+    from metroline.core.serving.server import ServerThread, make_engine
+    from metroline.core.serving.tenants import ServeConfig
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.realtime import RealtimeExecutor
+    from metroline.executors.simulated import SimulatedExecutor
+
+    recorder = EngineTTFT()
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model(args.cost_model)))
+    engine = make_engine(EngineConfig(), executor, plugins=[recorder])
+    serve = ServeConfig(max_waiting=args.max_waiting,
+                        tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
+    with ServerThread(engine, serve) as srv:
+        parent, child = mp.get_context("spawn").Pipe()
+        proc = mp.get_context("spawn").Process(target=_client_main, args=(
+            srv.url + "/v1/chat/completions",
+            {"rate": args.rate, "duration": duration, "max_clients": max_clients,
+             "disconnect": args.disconnect, "seed": args.seed}, child))
+        proc.start()
+        doc = parent.recv()
+        proc.join(30)
+        steps, busy = executor.stats.total_steps, executor.stats.busy_time
+        server_cpu = time.process_time()
+    results = doc["results"]
+    ok = [r for r in results if r["status"] == 200 and r["times"]]
+    ttft = [r["times"][0] - r["start"] for r in ok]
+    itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:])]
+    overhead = [r["times"][0] - r["start"] - recorder.ttft[r["id"][len("chatcmpl-"):]]
+                for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
+    engine_ttft = [recorder.ttft[r["id"][len("chatcmpl-"):]] for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
+    print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({args.rate:g}/s asked), "
+          f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
+          f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
+          f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
+    print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
+          f"{server_cpu:.1f}, client process {doc['cpu']:.1f}")
+    for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), ("server overhead", overhead),
+                       ("client ITL", itl)):
+        print(f"{name:<16} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
+              f"p99 {1e3 * pct(vals, 99):7.2f}  max {1e3 * max(vals, default=float('nan')):7.2f}")
+    if ttft:
+        print(f"server overhead p99 / client TTFT p99 = {pct(overhead, 99) / pct(ttft, 99):.1%}")
+    for tenant in TENANTS:
+        toks = sum(r["tokens"] for r in ok if r["tenant"] == tenant)
+        print(f"tenant {tenant:<6} {toks / doc['wall']:8.1f} tokens/s  "
+              f"{sum(1 for r in ok if r['tenant'] == tenant)} streams")
+
+
+if __name__ == "__main__":
+    main()
