@@ -171,3 +171,30 @@ def test_unseeded_draws_are_reproducible_from_the_sampler_seed():
 def test_a_logits_tensor_of_the_wrong_shape_is_refused():
     with pytest.raises(ValueError, match="shape"):
         Sampler().sample([seq(), seq(1)], rows([0.0, 1.0], 3))
+
+
+def test_cut_offs_per_row_in_a_mixed_batch():
+    from metroline.core.sampling_torch import cut_offs
+
+    x = rows(LOG_PROBS, 4)
+    params = [SamplingParams(top_k=2, top_p=0.6), SamplingParams(top_p=0.75), SamplingParams(),
+              SamplingParams(min_p=0.5)]
+    # row 0: top 2 renormalised 0.625/0.375, top_p 0.6 keeps token 0; row 1: 0.5 + 0.3 reach 0.75;
+    # row 2: no filter; row 3: min_p 0.5 keeps p >= 0.25
+    expected = [math.log(0.5), math.log(0.3), -math.inf, math.log(0.5) + math.log(0.5)]
+    assert cut_offs(x, params).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_nucleus_wider_than_the_candidates_is_sorted_in_full():
+    from metroline.core.sampling_torch import CANDIDATES, cut_offs
+
+    vocab, slope = 3 * CANDIDATES, 1e-4
+    r = math.exp(-slope)  # token i has probability r**i / sum: nearly flat, so the nucleus is wide
+
+    def mass(n):  # of the n most likely tokens
+        return (1 - r**n) / (1 - r**vocab)
+
+    n = CANDIDATES + 500
+    top_p = (mass(n - 1) + mass(n)) / 2  # the nucleus is exactly the n most likely tokens
+    x = torch.tensor([[-slope * i for i in range(vocab)]])
+    assert cut_offs(x, [SamplingParams(top_p=top_p)]).item() == pytest.approx(-slope * (n - 1), abs=1e-7)
