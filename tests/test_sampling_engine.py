@@ -149,3 +149,28 @@ def test_stop_strings_need_a_tokenizer():
     engine = Engine(EngineConfig(), LinearModel(VOCAB))
     with pytest.raises(ValueError, match="sampling.stop: stop strings need a tokenizer"):
         engine.add_request(req("x", [1], stop=["a"]))
+
+
+def test_a_sample_plugin_sees_the_logits_tensor_and_the_eos_id():
+    from metroline.core.hookspecs import hookimpl
+
+    seen = []
+
+    class Lowest:
+        name = "lowest"
+
+        @hookimpl
+        def sample(self, seqs, logits, eos_token_id):
+            seen.append((type(logits), tuple(logits.shape), eos_token_id))
+            return logits.argmin(dim=-1).tolist()
+
+    model = LinearModel(VOCAB, eos_token_id=63)
+    engine = Engine(EngineConfig(), model, plugins=[Lowest()])
+    done = engine.generate([req("a", [1, 2], max_new_tokens=3), req("b", [3], max_new_tokens=3, n=2)])
+    assert seen[0] == (torch.Tensor, (3, VOCAB), 63)  # a, b and b's new child (a copy of b's row)
+    out = done["a"][0].output_token_ids
+    expected, history = [], [1, 2]
+    for _ in range(3):  # the argmin of the model's logits, step by step
+        history.append(int(model.logits([type("S", (), {"token_ids": history})()]).argmin()))
+        expected.append(history[-1])
+    assert out == expected
