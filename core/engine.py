@@ -71,6 +71,9 @@ class Engine:
 
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
     `eos_token_id`: the model's end-of-sequence token (None: no EOS, as in simulation).
+    An executor with a `tokenizer` attribute gets its outputs detokenised as they grow
+    (`out.text`, `seq.text`) and its requests' `stop` strings applied; without one, a request
+    with stop strings is refused.
     `retain_finished`: keep ended requests (their tokens) for `sequences()` and `run()`'s answer;
     a long replay or a server turns it off, and then an ended request is forgotten once its
     metrics are recorded and its last output is returned.
