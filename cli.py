@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     _engine_flags(run)
     _run_flags(run)
+    run.add_argument("--outputs", metavar="PATH", help="write one JSON line per finished sequence: id, "
+                     "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason")
     compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
@@ -141,13 +143,13 @@ def make_executor(run: dict[str, Any]) -> Any:
     return SimulatedExecutor(make_cost_model(name, **params))
 
 
-def make_workload(run: dict[str, Any], seed: int) -> Any:
+def make_workload(run: dict[str, Any], seed: int, tokenizer: Any = None) -> Any:
     from .core.workloads import build_workload
 
     return build_workload(
         run.get("workload", "chat"), seed=seed, rate_scale=run.get("rate_scale", 1.0),
         length_scale=run.get("length_scale", 1.0), max_requests=run.get("max_requests"),
-        groups=run.get("groups"), traces_dir=run.get("traces_dir"),
+        groups=run.get("groups"), traces_dir=run.get("traces_dir"), tokenizer=tokenizer,
     )
 
 
@@ -156,11 +158,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .core.runner import run_workload
 
     config, run = resolve_options(args)
-    workload = make_workload(run, config.seed)
-    doc, engine = run_workload(
-        workload, config, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-        progress=args.progress, window_s=run.get("window", 60.0),
-    )
+    executor = make_executor(run)
+    workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    writer = None
+    if args.outputs:
+        from .core.text_requests import OutputsWriter
+
+        writer = OutputsWriter(args.outputs)
+    try:
+        doc, engine = run_workload(
+            workload, config, executor, plugins=[writer] if writer else None,
+            oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
+        )
+    finally:
+        if writer is not None:
+            writer.close()
     print(report.format_summary_table(doc))
     if args.json:
         report.write_json(args.json, doc)
