@@ -16,6 +16,10 @@ from metroline.executors.torch import TorchExecutor
 
 VOCAB = 128
 
+# the test machines are small and shared: torch's intra-op threads spinning against other
+# processes make tiny ops 20x slower, one thread does not
+torch.set_num_threads(1)
+
 
 def tiny_llama(seed: int = 0) -> Any:
     """A random 2-layer Llama with grouped-query heads (4 query heads, 2 KV heads), float32, eager

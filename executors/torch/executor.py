@@ -97,12 +97,15 @@ class TorchExecutor:
         return max(1, self.kv_budget() // (self.kv_bytes_per_token * block_size))
 
     def bind(self, config: Any) -> None:
-        """Allocate the KV blocks for an engine's pool (replacing any earlier allocation)."""
+        """Allocate the KV blocks for an engine's pool (replacing any earlier allocation); the
+        clock starts at 0 here."""
         self.kv = None
         self.kv = PagedKVCache(
             self.num_layers, config.num_blocks, config.block_size, self.num_kv_heads, self.head_dim,
             self.dtype, self.device, config.swap_space_blocks,
         )
+        self.stats = ExecutorStats()
+        self._t0 = time.perf_counter()
 
     def close(self) -> None:
         """Free the KV blocks (and the CUDA cache)."""
