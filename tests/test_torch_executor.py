@@ -148,3 +148,24 @@ def test_smollm2_chat_prompts_match_hf_generate():
         # HF stops at EOS (and keeps it), else at 32 tokens: so does the engine
         expected = FinishReason.EOS if ref[-1] == tokenizer.eos_token_id else FinishReason.LENGTH
         assert seq.finish_reason is expected
+
+
+def test_cli_runs_a_workload_on_a_model_folder(model, tmp_path, capsys):
+    model.save_pretrained(tmp_path / "tiny")
+    json_path = tmp_path / "run.json"
+    argv = [
+        "run", "--executor", "torch", "--model", str(tmp_path / "tiny"), "--kv-memory", str(1 / 1024),
+        "--workload", "mixed-64", "--groups", "1", "--length-scale", "0.1", "--max-requests", "8",
+        "--json", str(json_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # 1 MiB / (512 bytes a token x 16 tokens a block) = 128 blocks; the model's context is 512
+    assert "executor torch: 128 KV blocks x 16 tokens = 2048 tokens (512 bytes/token), max_model_len 512" in out
+    assert "executor torch" in out.splitlines()[1]
+    import json
+
+    doc = json.loads(json_path.read_text())
+    assert doc["executor"]["name"] == "torch" and doc["executor"]["cost_model"] is None
+    assert doc["config"]["num_blocks"] == 128 and doc["config"]["max_model_len"] == 512
+    assert doc["summary"]["completed"] == 8
