@@ -18,7 +18,7 @@ from ..base import ExecutorStats
 from . import attention
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 
-CPU_KV_BUDGET = 2 << 30
+CPU_KV_BUDGET = 1 << 30
 """Default KV budget on CPU (bytes): at most this, and at most a quarter of the machine's memory."""
 CUDA_KV_FRACTION = 0.85
 """Default KV budget on CUDA: this fraction of the device memory free once the model is loaded."""

@@ -20,8 +20,8 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
 class PagedKVCache:
     """The device KV blocks of every layer and the host swap blocks.
 
-    Unwritten slots are left uninitialised: attention reads only the positions below each
-    sequence's length, which the step (or an earlier one) wrote.
+    Blocks start zeroed: attention masks the slots past each sequence's length, and a masked
+    slot must still hold a finite value (0 x NaN would leak into the output).
     """
 
     def __init__(
@@ -38,12 +38,12 @@ class PagedKVCache:
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         host_shape = (num_layers, swap_blocks, block_size, num_kv_heads, head_dim)
         pin = device.type == "cuda"
-        self.host_k = torch.empty(host_shape, dtype=dtype, pin_memory=pin)
-        self.host_v = torch.empty(host_shape, dtype=dtype, pin_memory=pin)
+        self.host_k = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
+        self.host_v = torch.zeros(host_shape, dtype=dtype, pin_memory=pin)
         self.k_layers = list(self.k.unbind(0))
         self.v_layers = list(self.v.unbind(0))
 
