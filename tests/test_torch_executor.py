@@ -68,6 +68,13 @@ def test_prompt_tokens_are_checked_against_the_vocab(model):
         eng.add_request(greedy_request("x", [1, 128], 2))
 
 
+def test_a_prompt_over_the_models_context_is_rejected(model):
+    eng, _ = engine(model, num_blocks=64)  # the engine allows 32768 tokens, the model 512
+    with pytest.raises(ValueError, match=r"\(500 tokens\) \+ sampling.max_new_tokens \(13\) = 513 exceeds max_model_len=512"):
+        eng.add_request(greedy_request("x", [1] * 500, 13))
+    eng.add_request(greedy_request("y", [1] * 500, 12))
+
+
 def test_executors_by_name():
     assert make_executor("sim").name == "sim"
     assert resolve_executor("metroline.executors.torch:from_options") is resolve_executor("torch")
