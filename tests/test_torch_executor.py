@@ -176,3 +176,19 @@ def test_cli_runs_a_workload_on_a_model_folder(model, tmp_path, capsys):
     assert doc["executor"]["name"] == "torch" and doc["executor"]["cost_model"] is None
     assert doc["config"]["num_blocks"] == 128 and doc["config"]["max_model_len"] == 512
     assert doc["summary"]["completed"] == 8
+
+
+def test_cli_swap_space_follows_the_fitted_pool(model, tmp_path, capsys):
+    model.save_pretrained(tmp_path / "tiny")
+    json_path = tmp_path / "run.json"
+    argv = [
+        "run", "--executor", "torch", "--model", str(tmp_path / "tiny"), "--kv-memory", str(1 / 2048),
+        "--preemption", "swap", "--workload", "mixed-64", "--groups", "1", "--length-scale", "0.1",
+        "--max-requests", "4", "--json", str(json_path),
+    ]
+    assert main(argv) == 0
+    import json
+
+    config = json.loads(json_path.read_text())["config"]
+    # 0.5 MiB / (512 bytes x 16) = 64 device blocks, and as many host blocks (not the default 8192)
+    assert config["num_blocks"] == config["swap_space_blocks"] == 64
