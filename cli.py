@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
-    "max_requests", "groups", "oracle_lengths", "traces_dir", "window",
+    "max_requests", "groups", "oracle_lengths", "traces_dir", "window", "model", "dtype", "device",
+    "kv_memory_gb",
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
@@ -39,7 +40,14 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json file")
-    p.add_argument("--executor", choices=("sim",), help="sim: the simulated executor (default)")
+    p.add_argument("--executor", help="sim: the simulated executor (default); torch: a Hugging Face model on "
+                   "paged KV; or an entry point of metroline.executors, or pkg.mod:factory")
+    p.add_argument("--model", help="torch executor: a model folder, a .gguf file or a known name (smollm2)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="torch executor: weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="torch executor: cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="torch executor: the KV budget that sizes the pool when --num-blocks is not given")
     p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"))
     p.add_argument("--step-time", type=float, help="seconds per step of the steps cost model (default 0.01)")
     p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
@@ -130,17 +138,54 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def make_executor(run: dict[str, Any]) -> Any:
-    from .executors.cost_models import make_cost_model
-    from .executors.simulated import SimulatedExecutor
+    """The executor the run options name (`executor`, default `sim`) with its options."""
+    from .executors.registry import make_executor as build
 
-    executor = run.get("executor", "sim")
-    if executor != "sim":
-        raise ValueError(f"unknown executor {executor!r}; valid: sim")
-    name = run.get("cost_model", "steps")
-    params = dict(run.get("cost_params") or {})
-    if name != "steps":
-        params.pop("step_time", None)
-    return SimulatedExecutor(make_cost_model(name, **params))
+    name = run.get("executor") or "sim"
+    if name == "sim":
+        for key in ("model", "dtype", "device", "kv_memory_gb"):
+            if run.get(key) is not None:
+                raise ValueError(f"--{key.replace('_gb', '').replace('_', '-')} applies to --executor torch, not sim")
+        return build("sim", cost_model=run.get("cost_model", "steps"), cost_params=run.get("cost_params"))
+    options = {k: run[k] for k in ("model", "dtype", "device", "kv_memory_gb") if run.get(k) is not None}
+    return build(name, **options)
+
+
+def fit_config(config: Any, executor: Any, user_fields: set[str]) -> Any:
+    """A real executor's model sets what the user left open: the pool size from its KV budget
+    (`suggest_num_blocks`) and `max_model_len` from its context length."""
+    update: dict[str, Any] = {}
+    suggest = getattr(executor, "suggest_num_blocks", None)
+    if suggest is not None and "num_blocks" not in user_fields:
+        update["num_blocks"] = suggest(config.block_size)
+    model_len = getattr(executor, "max_model_len", None)
+    if model_len and "max_model_len" not in user_fields:
+        update["max_model_len"] = model_len
+    if update and config.preemption_mode == "swap" and "swap_space_blocks" not in user_fields:
+        update["swap_space_blocks"] = update.get("num_blocks", config.num_blocks)
+    return config.model_validate({**config.model_dump(), **update}) if update else config
+
+
+def _user_fields(args: argparse.Namespace, config: Any) -> set[str]:
+    """The config fields the user set (a flag or the config file), not those filled in for them."""
+    fields = set(config.model_fields_set)
+    if getattr(args, "swap_space_blocks", None) is None and not getattr(args, "config", None):
+        fields.discard("swap_space_blocks")  # resolve_options sized it after the default pool
+    return fields
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
+    """(config, run options, executor) for `run`, the config fitted to a real executor's model."""
+    config, run = resolve_options(args)
+    executor = make_executor(run)
+    config = fit_config(config, executor, _user_fields(args, config))
+    if getattr(executor, "kv_bytes_per_token", None):
+        print(
+            f"executor {executor.name}: {config.num_blocks} KV blocks x {config.block_size} tokens = "
+            f"{config.max_kv_tokens} tokens ({executor.kv_bytes_per_token} bytes/token), "
+            f"max_model_len {config.max_model_len}"
+        )
+    return config, run, executor
 
 
 def make_workload(run: dict[str, Any], seed: int, tokenizer: Any = None) -> Any:
@@ -157,9 +202,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .core import report
     from .core.runner import run_workload
 
-    config, run = resolve_options(args)
-    executor = make_executor(run)
+    config, run, executor = _prepare(args)
     workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    vocab = getattr(executor, "vocab_size", None)
     writer = None
     if args.outputs:
         from .core.text_requests import OutputsWriter
@@ -169,10 +214,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         doc, engine = run_workload(
             workload, config, executor, plugins=[writer] if writer else None,
             oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
+            **({"vocab_size": vocab} if vocab else {}),
         )
     finally:
         if writer is not None:
             writer.close()
+    engine.close()
     print(report.format_summary_table(doc))
     if args.json:
         report.write_json(args.json, doc)
@@ -188,6 +235,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .core.runner import run_workload
 
     config, run = resolve_options(args)
+    user_fields = _user_fields(args, config)
     workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
@@ -196,10 +244,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for label in labels:
         policy, *stacked = label.split("+")
         cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
-        doc, _ = run_workload(
-            workload, cfg, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-            progress=args.progress, window_s=run.get("window", 60.0),
+        executor = make_executor(run)
+        cfg = fit_config(cfg, executor, user_fields)
+        vocab = getattr(executor, "vocab_size", None)
+        doc, engine = run_workload(
+            workload, cfg, executor, oracle_lengths=bool(run.get("oracle_lengths")),
+            progress=args.progress, window_s=run.get("window", 60.0), **({"vocab_size": vocab} if vocab else {}),
         )
+        engine.close()
         docs.append(doc)
     print(report.format_comparison_table(docs))
     if args.json:

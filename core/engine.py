@@ -69,8 +69,12 @@ class Engine:
         print(out.request_id, out.new_token_ids, out.finished)
     ```
 
+    `executor`: an executor object, or a name (`"sim"`, `"torch"`, an entry point of the group
+    `metroline.executors`, or `pkg.mod:factory`) built with its defaults; None is `"sim"`. An
+    executor with a `bind(config)` method is bound to this engine's pool geometry here.
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
-    `eos_token_id`: the model's end-of-sequence token (None: no EOS, as in simulation).
+    `eos_token_id`: the model's end-of-sequence token (default: the executor's `eos_token_id`;
+    None: no EOS, as in simulation).
     An executor with a `tokenizer` attribute gets its outputs detokenised as they grow
     (`out.text`, `seq.text`) and its requests' `stop` strings applied; without one, a request
     with stop strings is refused.
@@ -93,12 +97,14 @@ class Engine:
         elif not isinstance(config, EngineConfig):
             config = EngineConfig.model_validate(config)
         self.config = config
-        if executor is None:
-            from ..executors.cost_models import make_cost_model
-            from ..executors.simulated import SimulatedExecutor
+        if executor is None or isinstance(executor, str):
+            from ..executors.registry import make_executor
 
-            executor = SimulatedExecutor(make_cost_model("steps"))
+            executor = make_executor(executor or "sim")
         self.executor = executor
+        bind = getattr(executor, "bind", None)
+        if bind is not None:
+            bind(config)
         self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(executor, "eos_token_id", None)
         tokenizer = getattr(executor, "tokenizer", None)
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
@@ -122,6 +128,9 @@ class Engine:
         vocab = getattr(executor, "vocab_size", None)
         if vocab is not None:
             self._validation_context["vocab_size"] = vocab
+        model_len = getattr(executor, "max_model_len", None)
+        if model_len is not None and model_len < config.max_model_len:
+            self._validation_context["max_model_len"] = model_len
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -308,6 +317,12 @@ class Engine:
         for _ in self.stream():
             pass
         return {rid: self._all_seqs(seqs) for rid, seqs in self._requests.items()}
+
+    def close(self) -> None:
+        """Release the executor's resources (a real model's memory and KV blocks)."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     def generate(self, requests: Iterable[Request | dict[str, Any]]) -> dict[str, list[Sequence]]:
         """Submit `requests` and run them to completion."""
