@@ -91,7 +91,7 @@ def _parse_value(text: str) -> Any:
 
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Merge defaults, the `--config` file and the flags into (EngineConfig, run options)."""
-    from .core.config import EngineConfig, load_config_file
+    from .core.config import EngineConfig, load_config_file, preset_fields
 
     fields: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -108,6 +108,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         fields["plugins"] = [*fields.get("plugins", []), *args.plugin]
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
+    if fields.get("preset") is not None:
+        preset_fields(fields["preset"])  # an unknown preset: one line naming the valid ones
     if fields.get("preemption_mode") == "swap" and not fields.get("swap_space_blocks"):
         fields["swap_space_blocks"] = fields.get("num_blocks", EngineConfig.model_fields["num_blocks"].default)
     unknown = set(run) - set(RUN_KEYS)

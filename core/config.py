@@ -25,7 +25,7 @@ def presets() -> dict[str, dict[str, Any]]:
 def preset_fields(name: str) -> dict[str, Any]:
     """The `EngineConfig` fields a preset sets; ValueError naming the valid presets if unknown."""
     table = presets()
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(table))}")
     return {k: v for k, v in table[name].items() if k != "description"}
 
@@ -87,10 +87,7 @@ class EngineConfig(BaseModel):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("preset") is not None:
-            name = data["preset"]
-            if not isinstance(name, str):
-                raise ValueError(f"preset must be a preset name, got {name!r}")
-            data = {**preset_fields(name), **data}
+            data = {**preset_fields(data["preset"]), **data}
         return data
 
     @model_validator(mode="after")
