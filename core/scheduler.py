@@ -117,7 +117,7 @@ class Scheduler:
             self.hook.on_arrival(ctx=ctx, seqs=arrived)
         plan = StepPlan(ctx.step, self.pool.block_size)
         self._notified = 0
-        if self._registered:
+        if self._pending:  # last step's registrations: their KV is written now
             self._registered.clear()
             self._pending.clear()
             self._hitters.clear()

@@ -79,3 +79,23 @@ def test_a_registrant_preempted_in_its_step_takes_its_blocks_out_and_its_hitters
         seq = engine.sequences(rid)[0]
         assert seq.state is SeqState.FINISHED and seq.num_output_tokens == 2
     assert_pool_drained(engine)
+
+
+def test_a_failed_step_leaves_no_block_of_it_in_the_prefix_index():
+    from conftest import RecordingExecutor
+
+    def fail_first(plan):
+        if plan.step == 1:
+            raise RuntimeError("device lost")
+
+    engine = make_engine(max_num_batched_tokens=64, executor=RecordingExecutor(on_execute=fail_first))
+    engine.add_request(request("a", PREFIX + [1], max_new=2))
+    engine.add_request(request("b", PREFIX + [2], max_new=2))
+    engine.step()
+    assert [engine.sequences(r)[0].finish_reason.value for r in "ab"] == ["failed", "failed"]
+    assert engine.pool.lookup(PREFIX + [3], None, 8).num_tokens == 0  # the KV was never written
+    assert_pool_drained(engine)
+    engine.add_request(request("c", PREFIX + [3], max_new=2))
+    run_to_end(engine)
+    assert engine.sequences("c")[0].num_cached_prompt_tokens == 0
+    assert_pool_drained(engine)
