@@ -99,3 +99,16 @@ def test_a_failed_step_leaves_no_block_of_it_in_the_prefix_index():
     run_to_end(engine)
     assert engine.sequences("c")[0].num_cached_prompt_tokens == 0
     assert_pool_drained(engine)
+
+
+def test_a_block_filled_in_this_step_is_shared_whole_never_copied_in_part():
+    # token-granular: b matches 2 tokens of a's third block, which a writes in this very step; a
+    # copy would run before the forward, so b shares the two full blocks only
+    engine = make_engine(max_num_batched_tokens=64, prefix_match="token")
+    engine.add_request(request("a", PREFIX + [1, 2, 3, 4, 5], max_new=1))
+    engine.add_request(request("b", PREFIX + [1, 2, 9, 9, 9], max_new=1))
+    engine.step()
+    plan = engine.executor.plans[0]
+    assert plan.starts == {"a": 0, "b": 8} and plan.block_ops == []
+    run_to_end(engine)
+    assert_pool_drained(engine)
