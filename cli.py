@@ -33,6 +33,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-sharing", action="store_true", default=None)
     p.add_argument("--preemption", choices=("recompute", "swap"), dest="preemption_mode")
     p.add_argument("--seed", type=int)
+    p.add_argument("--preset", help="a bundle of scheduler options that reproduces a real engine "
+                   "(vllm); explicit flags and config keys override it")
     p.add_argument("--config", metavar="PATH", help="TOML or JSON file of EngineConfig fields, plugin "
                    "options ([plugin_options.NAME]) and run options ([run]); flags override it")
     p.add_argument("--debug", action="store_true", default=None, help="log every request transition")
@@ -99,7 +101,7 @@ def _parse_value(text: str) -> Any:
 
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Merge defaults, the `--config` file and the flags into (EngineConfig, run options)."""
-    from .core.config import EngineConfig, load_config_file
+    from .core.config import EngineConfig, load_config_file, preset_fields
 
     fields: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -108,7 +110,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         run.update(data.pop("run", {}) or {})
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
-                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug"):
+                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset"):
         value = getattr(args, key, None)
         if value is not None:
             fields[key] = value
@@ -116,6 +118,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         fields["plugins"] = [*fields.get("plugins", []), *args.plugin]
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
+    if fields.get("preset") is not None:
+        preset_fields(fields["preset"])  # an unknown preset: one line naming the valid ones
     if fields.get("preemption_mode") == "swap" and not fields.get("swap_space_blocks"):
         fields["swap_space_blocks"] = fields.get("num_blocks", EngineConfig.model_fields["num_blocks"].default)
     unknown = set(run) - set(RUN_KEYS)

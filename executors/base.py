@@ -19,7 +19,11 @@ class Executor(Protocol):
     - `name`: `"sim"` or `"torch"`, for results and logs.
     - `now()`: the engine clock in seconds (virtual for the simulator, wall for a real executor).
     - `execute(plan)`: runs the plan's block ops in order, then the forward pass; returns the clock
-      after the step and one logits row per `plan.sample_seqs` (None in the simulator).
+      after the step and one logits row per `plan.sample_seqs` (None in the simulator). The step
+      writes all of its KV before any attention of the step reads KV: the scheduler indexes the
+      blocks a step fills when it schedules them, and a request admitted later in the same step
+      may share them (its attention reads them in the same forward). A block copy in the plan
+      never reads such a block (it runs before the forward).
     - `idle_until(t)`: nothing to run before time `t` (the next arrival): the simulator jumps its
       clock to `max(now(), t)`, a real executor sleeps.
     - `describe()`: a JSON-ready dict for the result document's `"executor"` field, at least
