@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
-    "max_requests", "groups", "oracle_lengths", "traces_dir", "window",
+    "max_requests", "groups", "oracle_lengths", "traces_dir", "window", "model", "dtype", "device",
+    "kv_memory_gb",
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
@@ -32,6 +33,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-sharing", action="store_true", default=None)
     p.add_argument("--preemption", choices=("recompute", "swap"), dest="preemption_mode")
     p.add_argument("--seed", type=int)
+    p.add_argument("--preset", help="a bundle of scheduler options that reproduces a real engine "
+                   "(vllm); explicit flags and config keys override it")
     p.add_argument("--config", metavar="PATH", help="TOML or JSON file of EngineConfig fields, plugin "
                    "options ([plugin_options.NAME]) and run options ([run]); flags override it")
     p.add_argument("--debug", action="store_true", default=None, help="log every request transition")
@@ -39,7 +42,14 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json file")
-    p.add_argument("--executor", choices=("sim",), help="sim: the simulated executor (default)")
+    p.add_argument("--executor", help="sim: the simulated executor (default); torch: a Hugging Face model on "
+                   "paged KV; or an entry point of metroline.executors, or pkg.mod:factory")
+    p.add_argument("--model", help="torch executor: a model folder, a .gguf file or a known name (smollm2)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="torch executor: weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="torch executor: cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="torch executor: the KV budget that sizes the pool when --num-blocks is not given")
     p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"))
     p.add_argument("--step-time", type=float, help="seconds per step of the steps cost model (default 0.01)")
     p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
@@ -66,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     _engine_flags(run)
     _run_flags(run)
+    run.add_argument("--outputs", metavar="PATH", help="write one JSON line per finished sequence: id, "
+                     "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason")
     compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
@@ -100,7 +112,7 @@ def _parse_value(text: str) -> Any:
 
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Merge defaults, the `--config` file and the flags into (EngineConfig, run options)."""
-    from .core.config import EngineConfig, load_config_file
+    from .core.config import EngineConfig, load_config_file, preset_fields
 
     fields: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -110,7 +122,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         data.pop("serve", None)  # the server's table (metroline serve)
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
-                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug"):
+                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset"):
         value = getattr(args, key, None)
         if value is not None:
             fields[key] = value
@@ -118,6 +130,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         fields["plugins"] = [*fields.get("plugins", []), *args.plugin]
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
+    if fields.get("preset") is not None:
+        preset_fields(fields["preset"])  # an unknown preset: one line naming the valid ones
     if fields.get("preemption_mode") == "swap" and not fields.get("swap_space_blocks"):
         fields["swap_space_blocks"] = fields.get("num_blocks", EngineConfig.model_fields["num_blocks"].default)
     unknown = set(run) - set(RUN_KEYS)
@@ -140,26 +154,63 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def make_executor(run: dict[str, Any]) -> Any:
-    from .executors.cost_models import make_cost_model
-    from .executors.simulated import SimulatedExecutor
+    """The executor the run options name (`executor`, default `sim`) with its options."""
+    from .executors.registry import make_executor as build
 
-    executor = run.get("executor", "sim")
-    if executor != "sim":
-        raise ValueError(f"unknown executor {executor!r}; valid: sim")
-    name = run.get("cost_model", "steps")
-    params = dict(run.get("cost_params") or {})
-    if name != "steps":
-        params.pop("step_time", None)
-    return SimulatedExecutor(make_cost_model(name, **params))
+    name = run.get("executor") or "sim"
+    if name == "sim":
+        for key in ("model", "dtype", "device", "kv_memory_gb"):
+            if run.get(key) is not None:
+                raise ValueError(f"--{key.replace('_gb', '').replace('_', '-')} applies to --executor torch, not sim")
+        return build("sim", cost_model=run.get("cost_model", "steps"), cost_params=run.get("cost_params"))
+    options = {k: run[k] for k in ("model", "dtype", "device", "kv_memory_gb") if run.get(k) is not None}
+    return build(name, **options)
 
 
-def make_workload(run: dict[str, Any], seed: int) -> Any:
+def fit_config(config: Any, executor: Any, user_fields: set[str]) -> Any:
+    """A real executor's model sets what the user left open: the pool size from its KV budget
+    (`suggest_num_blocks`) and `max_model_len` from its context length."""
+    update: dict[str, Any] = {}
+    suggest = getattr(executor, "suggest_num_blocks", None)
+    if suggest is not None and "num_blocks" not in user_fields:
+        update["num_blocks"] = suggest(config.block_size)
+    model_len = getattr(executor, "max_model_len", None)
+    if model_len and "max_model_len" not in user_fields:
+        update["max_model_len"] = model_len
+    if update and config.preemption_mode == "swap" and "swap_space_blocks" not in user_fields:
+        update["swap_space_blocks"] = update.get("num_blocks", config.num_blocks)
+    return config.model_validate({**config.model_dump(), **update}) if update else config
+
+
+def _user_fields(args: argparse.Namespace, config: Any) -> set[str]:
+    """The config fields the user set (a flag or the config file), not those filled in for them."""
+    fields = set(config.model_fields_set)
+    if getattr(args, "swap_space_blocks", None) is None and not getattr(args, "config", None):
+        fields.discard("swap_space_blocks")  # resolve_options sized it after the default pool
+    return fields
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
+    """(config, run options, executor) for `run`, the config fitted to a real executor's model."""
+    config, run = resolve_options(args)
+    executor = make_executor(run)
+    config = fit_config(config, executor, _user_fields(args, config))
+    if getattr(executor, "kv_bytes_per_token", None):
+        print(
+            f"executor {executor.name}: {config.num_blocks} KV blocks x {config.block_size} tokens = "
+            f"{config.max_kv_tokens} tokens ({executor.kv_bytes_per_token} bytes/token), "
+            f"max_model_len {config.max_model_len}"
+        )
+    return config, run, executor
+
+
+def make_workload(run: dict[str, Any], seed: int, tokenizer: Any = None) -> Any:
     from .core.workloads import build_workload
 
     return build_workload(
         run.get("workload", "chat"), seed=seed, rate_scale=run.get("rate_scale", 1.0),
         length_scale=run.get("length_scale", 1.0), max_requests=run.get("max_requests"),
-        groups=run.get("groups"), traces_dir=run.get("traces_dir"),
+        groups=run.get("groups"), traces_dir=run.get("traces_dir"), tokenizer=tokenizer,
     )
 
 
@@ -167,12 +218,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .core import report
     from .core.runner import run_workload
 
-    config, run = resolve_options(args)
-    workload = make_workload(run, config.seed)
-    doc, engine = run_workload(
-        workload, config, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-        progress=args.progress, window_s=run.get("window", 60.0),
-    )
+    config, run, executor = _prepare(args)
+    workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    vocab = getattr(executor, "vocab_size", None)
+    writer = None
+    if args.outputs:
+        from .core.text_requests import OutputsWriter
+
+        writer = OutputsWriter(args.outputs)
+    try:
+        doc, engine = run_workload(
+            workload, config, executor, plugins=[writer] if writer else None,
+            oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
+            **({"vocab_size": vocab} if vocab else {}),
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+    engine.close()
     print(report.format_summary_table(doc))
     if args.json:
         report.write_json(args.json, doc)
@@ -188,6 +251,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .core.runner import run_workload
 
     config, run = resolve_options(args)
+    user_fields = _user_fields(args, config)
     workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
@@ -196,10 +260,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for label in labels:
         policy, *stacked = label.split("+")
         cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
-        doc, _ = run_workload(
-            workload, cfg, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-            progress=args.progress, window_s=run.get("window", 60.0),
+        executor = make_executor(run)
+        cfg = fit_config(cfg, executor, user_fields)
+        vocab = getattr(executor, "vocab_size", None)
+        doc, engine = run_workload(
+            workload, cfg, executor, oracle_lengths=bool(run.get("oracle_lengths")),
+            progress=args.progress, window_s=run.get("window", 60.0), **({"vocab_size": vocab} if vocab else {}),
         )
+        engine.close()
         docs.append(doc)
     print(report.format_comparison_table(docs))
     if args.json:

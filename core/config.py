@@ -10,6 +10,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PreemptionMode = Literal["recompute", "swap"]
+AdmissionGate = Literal["full_prompt", "first_chunk"]
+PrefixMatch = Literal["block", "token"]
+
+PRESETS_FILE = Path(__file__).with_name("presets.toml")
+"""Presets as data: one table per preset, of `EngineConfig` fields (and a `description`)."""
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """The shipped presets by name (from `presets.toml`)."""
+    return tomllib.loads(PRESETS_FILE.read_text())
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The `EngineConfig` fields a preset sets; ValueError naming the valid presets if unknown."""
+    table = presets()
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(table))}")
+    return {k: v for k, v in table[name].items() if k != "description"}
 
 
 class EngineConfig(BaseModel):
@@ -22,6 +40,26 @@ class EngineConfig(BaseModel):
     Plugins: `policy` names the base policy (a shipped one, an entry point, or a dotted path);
     `plugins` lists more plugins stacked on top of it, later ones taking precedence;
     `plugin_options` maps a plugin's name to the options it reads (see each plugin's docstring).
+
+    Fidelity options (what real engines do; defaults follow vLLM v1, see the README):
+
+    - `admit_after_preemption` (default False): whether a step that preempted a request may still
+      admit waiting ones. vLLM v1 admits nothing in such a step (`if not preempted_reqs:` before its
+      waiting loop); admitting would hand the blocks just freed to a new request and preempt again
+      soon after (thrashing). True is the older behaviour (vLLM v0's swap-in/prefill after preempt).
+    - `admission_gate` (default "full_prompt"): "full_prompt" admits a waiting request only if the
+      blocks of its whole prompt (minus its prefix-cache hit) fit in the free blocks, as vLLM 0.33
+      (`scheduler_reserve_full_isl=True`, its default) and SGLang (whose prefill adder checks the
+      whole input against the free tokens); "first_chunk" checks only the blocks of the chunk it
+      gets this step (vLLM before 0.11), and admits more, to be preempted later.
+    - `prefix_match` (default "block"): "block" shares only whole cached blocks, as vLLM v1's
+      prefix caching; "token" may also share a block that the prompt matches in part (copied on
+      its first write), as a radix cache with one-token pages (SGLang) reuses any common prefix.
+      Block granularity is the default because the part-match costs a block copy to save at most
+      `block_size - 1` tokens, and two unrelated prompts that start with the same token would
+      "share" one.
+    - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
+      explicitly override the preset's.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -40,6 +78,17 @@ class EngineConfig(BaseModel):
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seed: int = 0
     debug: bool = False
+    admit_after_preemption: bool = False
+    admission_gate: AdmissionGate = "full_prompt"
+    prefix_match: PrefixMatch = "block"
+    preset: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") is not None:
+            data = {**preset_fields(data["preset"]), **data}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineConfig:

@@ -7,7 +7,8 @@ the hooks it cares about.
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
   at `max_prefill_chunk`;
 - `order_running`: admission order;
-- `sample`: stand-in tokens in simulation; otherwise `metroline.core.sampling.sample_rows`.
+- `sample`: stand-in tokens in simulation; otherwise `metroline.core.sampling.Sampler` (greedy,
+  temperature, top-k/top-p/min-p, penalties, seeds; vectorised when the logits are a tensor).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def stand_in_token(seq: Sequence) -> int:
 class DefaultPolicy:
     name = "defaults"
 
+    def __init__(self) -> None:
+        self._sampler: Any = None
+
     @hookimpl(trylast=True)
     def admission(self, ctx: StepContext) -> Any:
         return itertools.chain(list(ctx.swapped), list(ctx.waiting))
@@ -49,9 +53,11 @@ class DefaultPolicy:
         return running
 
     @hookimpl(trylast=True)
-    def sample(self, seqs: list[Sequence], logits: Any) -> list[int]:
+    def sample(self, ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int]:
         if logits is None:
             return [stand_in_token(s) for s in seqs]
-        from .sampling import sample_rows
+        if self._sampler is None:
+            from .sampling import Sampler
 
-        return sample_rows(seqs, logits)
+            self._sampler = Sampler(ctx.config.seed)
+        return self._sampler.sample(seqs, logits, eos_token_id)

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from ..kv_backends.block_pool import BlockPool
 from .config import EngineConfig
+from .detokenizer import Detokenizer
 from .errors import NoProgressError
 from .metrics import MetricsCollector
 from .plugins import PluginManager
@@ -46,6 +47,11 @@ class RequestOutput:
     def finish_reason(self) -> FinishReason | None:
         return self.seq.finish_reason
 
+    @property
+    def text(self) -> str | None:
+        """The detokenised output so far (None when the executor has no tokenizer)."""
+        return self.seq.text
+
     def __repr__(self) -> str:
         return (
             f"RequestOutput({self.seq.seq_id!r}, new={self.new_token_ids}, finished={self.finished}, "
@@ -63,8 +69,15 @@ class Engine:
         print(out.request_id, out.new_token_ids, out.finished)
     ```
 
+    `executor`: an executor object, or a name (`"sim"`, `"torch"`, an entry point of the group
+    `metroline.executors`, or `pkg.mod:factory`) built with its defaults; None is `"sim"`. An
+    executor with a `bind(config)` method is bound to this engine's pool geometry here.
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
-    `eos_token_id`: the model's end-of-sequence token (None: no EOS, as in simulation).
+    `eos_token_id`: the model's end-of-sequence token (default: the executor's `eos_token_id`;
+    None: no EOS, as in simulation).
+    An executor with a `tokenizer` attribute gets its outputs detokenised as they grow
+    (`out.text`, `seq.text`) and its requests' `stop` strings applied; without one, a request
+    with stop strings is refused.
     `retain_finished`: keep ended requests (their tokens) for `sequences()` and `run()`'s answer;
     a long replay or a server turns it off, and then an ended request is forgotten once its
     metrics are recorded and its last output is returned.
@@ -84,13 +97,17 @@ class Engine:
         elif not isinstance(config, EngineConfig):
             config = EngineConfig.model_validate(config)
         self.config = config
-        if executor is None:
-            from ..executors.cost_models import make_cost_model
-            from ..executors.simulated import SimulatedExecutor
+        if executor is None or isinstance(executor, str):
+            from ..executors.registry import make_executor
 
-            executor = SimulatedExecutor(make_cost_model("steps"))
+            executor = make_executor(executor or "sim")
         self.executor = executor
+        bind = getattr(executor, "bind", None)
+        if bind is not None:
+            bind(config)
         self.eos_token_id = eos_token_id if eos_token_id is not None else getattr(executor, "eos_token_id", None)
+        tokenizer = getattr(executor, "tokenizer", None)
+        self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
         extra = list(plugins)
         if config.debug:
             from .lifecycle_log import LifecycleLog
@@ -106,11 +123,14 @@ class Engine:
         self.last_plan_empty = False
         self._validation_context = {
             "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
-            "max_num_seqs": config.max_num_seqs,
+            "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer is not None,
         }
         vocab = getattr(executor, "vocab_size", None)
         if vocab is not None:
             self._validation_context["vocab_size"] = vocab
+        model_len = getattr(executor, "max_model_len", None)
+        if model_len is not None and model_len < config.max_model_len:
+            self._validation_context["max_model_len"] = model_len
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -222,11 +242,11 @@ class Engine:
             if logits is not None:
                 logits = logits[rows] if hasattr(logits, "dim") else [logits[i] for i in rows]
             scheduler.hook.on_admitted(ctx=scheduler.ctx, seqs=forked)
-        tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits)
+        eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
+        tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits, eos_token_id=eos)
         if not isinstance(tokens, list) or len(tokens) != len(seqs):
             got = len(tokens) if isinstance(tokens, list) else type(tokens).__name__
             raise self.plugins.invalid("sample", f"expected a list of {len(seqs)} token ids, got {got}")
-        eos, max_len = self.eos_token_id, self.config.max_model_len
         for seq, tok in zip(seqs, tokens):
             seq.token_ids.append(tok)
             seq.token_times.append(now)
@@ -235,11 +255,16 @@ class Engine:
                 seq.prefill_done_time = now
             p = seq.sampling
             reason = None
-            if tok in p.stop_token_ids:
+            num_out = len(seq.token_ids) - seq.num_prompt_tokens
+            stops = num_out >= p.min_tokens  # before min_tokens, no stop condition applies
+            stop_hit = detok is not None and detok.append(seq, p.stop if stops else ())
+            if not stops:
+                pass
+            elif tok in p.stop_token_ids or stop_hit:
                 reason = FinishReason.STOP
             elif tok == eos and not p.ignore_eos:
                 reason = FinishReason.EOS
-            elif len(seq.token_ids) - seq.num_prompt_tokens >= p.max_new_tokens or len(seq.token_ids) >= max_len:
+            if reason is None and (num_out >= p.max_new_tokens or len(seq.token_ids) >= max_len):
                 reason = FinishReason.LENGTH
             if reason is not None:
                 scheduler.finish(seq, reason, now)
@@ -292,6 +317,12 @@ class Engine:
         for _ in self.stream():
             pass
         return {rid: self._all_seqs(seqs) for rid, seqs in self._requests.items()}
+
+    def close(self) -> None:
+        """Release the executor's resources (a real model's memory and KV blocks)."""
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     def generate(self, requests: Iterable[Request | dict[str, Any]]) -> dict[str, list[Sequence]]:
         """Submit `requests` and run them to completion."""

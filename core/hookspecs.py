@@ -107,13 +107,22 @@ def order_running(ctx: StepContext, running: list[Sequence]) -> Iterable[Sequenc
 
 
 @hookspec(firstresult=True)
-def sample(ctx: StepContext, seqs: list[Sequence], logits: Any) -> list[int] | None:
+def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int] | None:
     """The next token of each sequence in `seqs`, from its row of `logits`.
 
     Called once per step with every sequence that reached the end of its known tokens, in the
-    order of `StepPlan.sample_seqs`; `logits` has one row per sequence (None in simulation, where
-    tokens are stand-ins). Return one token id per sequence; a list of another length is an invalid
-    answer.
+    order of `StepPlan.sample_seqs` (then the new children of an `n > 1` request, each with a copy
+    of its parent's row). `logits` has one row per sequence: with a real executor a torch tensor
+    `[len(seqs), vocab_size]` on the model's device (raw model output: no penalty, temperature or
+    filter applied yet; do not modify it in place, a wrapper below may read it too); None in
+    simulation, where tokens are stand-ins. `eos_token_id` is the model's end-of-sequence token
+    (None when unknown).
+
+    The default (`core/sampling.py`) applies each sequence's `SamplingParams` (min_tokens,
+    penalties, temperature, min_p, top_k, top_p, seed). A plugin may answer for all sequences, or
+    wrap the default (`wrapper=True`) to adjust its tokens; `seq.token_ids` holds prompt and output
+    so far. Return one token id per sequence; a list of another length is an invalid answer. The
+    engine then checks the stop conditions (stop token ids, EOS, stop strings, max_new_tokens).
     """
 
 

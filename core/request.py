@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 _ids = itertools.count()
 
@@ -19,22 +19,57 @@ def _next_id() -> str:
 
 
 class SamplingParams(BaseModel):
-    """How the tokens of a request are chosen and when it stops.
+    """How the tokens of a request are chosen and when it stops (vLLM / OpenAI semantics).
 
-    `temperature == 0` is greedy. `top_k` of 0 (or None) and `top_p` of 1 disable those filters.
-    `n > 1` asks for several completions of one prompt; they share the prompt's KV blocks.
+    - `temperature == 0` is greedy (argmax after the penalties); otherwise logits are divided by
+      it, then `min_p` (drop tokens whose probability is below `min_p` x the top one's), `top_k`
+      (keep the k largest logits; 0 or None: all) and `top_p` (keep the smallest set of tokens whose
+      probability reaches `top_p`; 1: all) filter the distribution, in that order.
+    - `repetition_penalty` (> 0, 1 = off) divides the positive logits and multiplies the negative
+      ones of every token seen in the prompt or the output; `frequency_penalty` subtracts
+      penalty x count and `presence_penalty` subtracts penalty once for every token of the output.
+    - `seed`: the tokens depend only on (seed, sample index, position), never on the batch.
+    - `stop` strings end the request when they appear in the detokenised output (the text is cut
+      before them; the tokens are kept); `stop_token_ids` and EOS end it on that token, unless
+      `ignore_eos` (EOS only). Before `min_tokens` output tokens, EOS and the stop token ids are
+      never sampled and no stop condition applies.
+    - `n > 1` asks for several completions of one prompt; they share the prompt's KV blocks.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_new_tokens: Annotated[int, Field(ge=1)] = 16
-    temperature: Annotated[float, Field(ge=0.0)] = 1.0
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     top_k: Annotated[int | None, Field(ge=0)] = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    stop_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = ()
     ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
     n: Annotated[int, Field(ge=1)] = 1
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, v: object) -> object:
+        return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> SamplingParams:
+        if self.min_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
+            )
+        return self
+
+    @property
+    def needs_penalties(self) -> bool:
+        """True when a penalty changes the logits."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 class Request(BaseModel):
@@ -71,7 +106,7 @@ class Request(BaseModel):
 
 def engine_limit_problem(request: Request, context: dict | None) -> str | None:
     """What makes `request` unfit for an engine whose limits are in `context` (`max_model_len`,
-    `max_kv_tokens`, `max_num_seqs`, `vocab_size`), or None."""
+    `max_kv_tokens`, `max_num_seqs`, `vocab_size`, `tokenizer`: whether there is one), or None."""
     if not context:
         return None
     prompt = request.prompt_token_ids
@@ -94,6 +129,8 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
             f"sampling.n ({request.sampling.n}) exceeds max_num_seqs={max_seqs}: "
             "its samples could never run together"
         )
+    if request.sampling.stop and context.get("tokenizer") is False:
+        return "sampling.stop: stop strings need a tokenizer and this engine's executor has none"
     vocab = context.get("vocab_size")
     if vocab is not None and max(prompt) >= vocab:
         return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"

@@ -1,58 +1,160 @@
-"""The default sampler: greedy, temperature, top-k and top-p, with per-request seeds.
+"""The default sampler: a request's `SamplingParams` applied to its row of logits.
 
-Works on rows of floats, one per sequence. A request with a `seed` samples reproducibly: its
-generator is seeded from (seed, sample index, position), so the same request gives the same tokens
-whatever else is in the batch.
+The rules, in vLLM's order, for each row:
+
+1. while the output is shorter than `min_tokens`, EOS and the stop token ids get -inf;
+2. penalties: `repetition_penalty` r over the tokens of prompt and output (a positive logit is
+   divided by r, a negative one multiplied), then `frequency_penalty` x count and
+   `presence_penalty` x (count > 0) subtracted for the tokens of the output;
+3. `temperature == 0`: the argmax (the first one on ties); otherwise the logits are divided by the
+   temperature, then `min_p` drops the tokens whose probability is below `min_p` x the largest,
+   `top_k` keeps the logits at least as large as the k-th largest (ties at the k-th all stay),
+   `top_p` keeps the smallest set of most likely tokens whose probability reaches `top_p` (the
+   probabilities renormalised after top-k), and one token is drawn from what is left.
+
+Logits come as a torch tensor `[len(seqs), vocab]` (a real executor; vectorised in
+`sampling_torch.py`, torch imported only then) or as rows of floats (lists: plain Python, the same
+rules, for tests and plugins). A request with a `seed` draws from a generator keyed on
+(seed, sample index, position), so its tokens never depend on the batch it is in; the sample
+`index` of an `n > 1` request makes each child's stream its own. Requests without a seed share one
+generator per sampler, seeded from the engine's `seed`.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from .request import SamplingParams
 from .sequence import Sequence
 
-_rng = random.Random(0)
+_MASK64 = (1 << 64) - 1
 
 
-def sample_rows(seqs: list[Sequence], logits: Any) -> list[int]:
-    """One token per sequence from its row of `logits` (any sequence of indexable rows of floats;
-    a vectorised tensor path comes with the real executor)."""
-    return [_sample_list(s, row) for s, row in zip(seqs, logits, strict=True)]
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of an int."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
-def _generator_seed(seq: Sequence) -> int | None:
+def request_seed(seq: Sequence) -> int | None:
+    """The seed of `seq`'s draw at its current position (None when its request has no seed): a
+    hash of (seed, sample index, number of tokens so far), below 2**63."""
     seed = seq.sampling.seed
     if seed is None:
         return None
-    return (seed * 1_000_003 + seq.index * 7_919 + len(seq.token_ids)) & 0x7FFFFFFFFFFFFFFF
+    h = _mix64(seed & _MASK64)
+    h = _mix64(h ^ seq.index)
+    return _mix64(h ^ len(seq.token_ids)) >> 1
 
 
-def _filtered_probs(row: Seq[float], p: SamplingParams) -> list[tuple[int, float]]:
-    scaled = sorted(((x / p.temperature, i) for i, x in enumerate(row)), reverse=True)
-    if p.top_k:
-        scaled = scaled[: p.top_k]
-    top = scaled[0][0]
-    weights = [(i, math.exp(x - top)) for x, i in scaled]
-    total = sum(w for _, w in weights)
-    kept, mass = [], 0.0
-    for i, w in weights:
-        kept.append((i, w / total))
-        mass += w / total
-        if mass >= p.top_p:
-            break
-    return kept
-
-
-def _sample_list(seq: Sequence, row: Seq[float]) -> int:
+def banned_tokens(seq: Sequence, eos_token_id: int | None) -> tuple[int, ...]:
+    """The tokens `seq` may not sample now: EOS (unless `ignore_eos`) and the stop token ids
+    while its output is shorter than `min_tokens`; otherwise none."""
     p = seq.sampling
-    if p.temperature == 0.0:
-        return max(range(len(row)), key=row.__getitem__)
-    kept = _filtered_probs(row, p)
-    seed = _generator_seed(seq)
-    rng = random.Random(seed) if seed is not None else _rng
-    ids, weights = zip(*kept)
-    return rng.choices(ids, weights=weights)[0]
+    if not p.min_tokens or len(seq.token_ids) - seq.num_prompt_tokens >= p.min_tokens:
+        return ()
+    if eos_token_id is None or p.ignore_eos:
+        return p.stop_token_ids
+    return (*p.stop_token_ids, eos_token_id)
+
+
+class Sampler:
+    """Samples one token per sequence; keeps the generator of the unseeded requests.
+
+    `seed`: the seed of that shared generator (the engine's `config.seed`).
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._torch_generators: dict[Any, Any] = {}
+
+    def sample(self, seqs: list[Sequence], logits: Any, eos_token_id: int | None = None) -> list[int]:
+        """One token per sequence from its row of `logits` (a tensor `[len(seqs), vocab]` or rows
+        of floats)."""
+        if hasattr(logits, "dim"):
+            from .sampling_torch import sample_tensor
+
+            if logits.dim() != 2 or logits.shape[0] != len(seqs):
+                raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(seqs)} sequences")
+            return sample_tensor(seqs, logits, eos_token_id, self.torch_generator(logits.device))
+        return [self._sample_list(s, row, eos_token_id) for s, row in zip(seqs, logits, strict=True)]
+
+    def torch_generator(self, device: Any) -> Any:
+        """The shared generator of unseeded requests on `device`."""
+        gen = self._torch_generators.get(device)
+        if gen is None:
+            import torch
+
+            gen = self._torch_generators[device] = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+        return gen
+
+    def _sample_list(self, seq: Sequence, row: Seq[float], eos_token_id: int | None) -> int:
+        x = processed_logits(seq, row, eos_token_id)
+        if seq.sampling.temperature == 0.0:
+            return max(range(len(x)), key=x.__getitem__)
+        probs = filtered_probs(x, seq)
+        seed = request_seed(seq)
+        rng = random.Random(seed) if seed is not None else self._rng
+        ids = [i for i, q in enumerate(probs) if q > 0.0]
+        return rng.choices(ids, weights=[probs[i] for i in ids])[0]
+
+
+def processed_logits(seq: Sequence, row: Seq[float], eos_token_id: int | None = None) -> list[float]:
+    """Steps 1 and 2 of the rules (min_tokens mask, penalties) on one row of floats."""
+    x = [float(v) for v in row]
+    for t in banned_tokens(seq, eos_token_id):
+        if t < len(x):
+            x[t] = -math.inf
+    p = seq.sampling
+    if not p.needs_penalties:
+        return x
+    r = p.repetition_penalty
+    if r != 1.0:
+        for t in set(seq.token_ids):
+            x[t] = x[t] / r if x[t] > 0 else x[t] * r
+    for t, count in Counter(seq.token_ids[seq.num_prompt_tokens:]).items():
+        x[t] -= p.frequency_penalty * count + p.presence_penalty
+    return x
+
+
+def filtered_probs(x: Seq[float], seq: Sequence) -> list[float]:
+    """Step 3's distribution (temperature, min_p, top_k, top_p) over processed logits `x`: one
+    probability per token, 0 for the filtered ones."""
+    p = seq.sampling
+    scaled = [v / p.temperature for v in x]
+    top = max(scaled)
+    weights = [math.exp(v - top) for v in scaled]
+    if p.min_p > 0.0:
+        total = sum(weights)
+        cut = p.min_p * max(weights) / total
+        weights = [w if w / total >= cut else 0.0 for w in weights]
+    if p.top_k and p.top_k < len(x):
+        kth = sorted(scaled, reverse=True)[p.top_k - 1]
+        weights = [w if v >= kth else 0.0 for w, v in zip(weights, scaled)]
+    total = sum(weights)
+    probs = [w / total for w in weights]
+    if p.top_p < 1.0:
+        before, keep = 0.0, set()
+        for i in sorted(range(len(probs)), key=probs.__getitem__, reverse=True):
+            if before >= p.top_p or probs[i] == 0.0:
+                break
+            keep.add(i)
+            before += probs[i]
+        kept = sum(probs[i] for i in keep)
+        probs = [q / kept if i in keep else 0.0 for i, q in enumerate(probs)]
+    return probs
+
+
+_default = Sampler()
+
+
+def sample_rows(seqs: list[Sequence], logits: Any, eos_token_id: int | None = None) -> list[int]:
+    """One token per sequence with a module-wide `Sampler` (seed 0)."""
+    return _default.sample(seqs, logits, eos_token_id)

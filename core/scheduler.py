@@ -49,6 +49,18 @@ class Scheduler:
         self._prefills_left = 0
         self.num_decoding = 0
         self.total_preemptions = 0
+        self._notified = 0  # how many of the step's preempted sequences `on_preempted` heard of
+        # Blocks registered in the prefix index in this step, before their KV is written (the
+        # executor writes a step's KV before any attention reads it): registrant -> its
+        # `num_cached_blocks` before the step; the blocks; the requests admitted on a hit of them.
+        self._registered: dict[Sequence, int] = {}
+        self._pending: set[int] = set()
+        self._hitters: list[Sequence] = []
+        pool.pending = self._pending
+        pool.partial_match = config.prefix_match == "token"
+        self._admit_after_preemption = config.admit_after_preemption
+        self._full_prompt_gate = config.admission_gate == "full_prompt"
+        self._caching = config.enable_prefix_caching
 
     # --- requests in and out -------------------------------------------------------------------
 
@@ -77,6 +89,8 @@ class Scheduler:
             if self.running.pop(seq, 0) is None:
                 self._fork_slots -= self._unforked(seq)
                 self.pool.release(seq.block_table)
+                if seq.finish_reason is FinishReason.FAILED and seq in self._registered:
+                    self._unregister(seq)  # its step did not run: the blocks hold no KV
             elif self.swapped.pop(seq, 0) is None:
                 self.swap.free(seq.host_table)
             else:
@@ -102,6 +116,11 @@ class Scheduler:
             arrived, self._arrived = self._arrived, []
             self.hook.on_arrival(ctx=ctx, seqs=arrived)
         plan = StepPlan(ctx.step, self.pool.block_size)
+        self._notified = 0
+        if self._pending:  # last step's registrations: their KV is written now
+            self._registered.clear()
+            self._pending.clear()
+            self._hitters.clear()
 
         num_decoding = sum(1 for s in self.running if s.is_decoding)
         num_decoding += sum(1 for s in self.swapped if s.is_decoding)
@@ -110,15 +129,24 @@ class Scheduler:
 
         if self.running:
             self._serve_running(plan, max_chunk)
-        if self.waiting or self.swapped:
+        if (self.waiting or self.swapped) and (self._admit_after_preemption or not plan.preempted):
+            if plan.preempted:
+                self._notify_preempted(plan)  # the victims are back in the queue, in their place
             self._admit(plan, max_chunk)
 
         if plan.admitted:
             self.hook.on_admitted(ctx=ctx, seqs=plan.admitted)
         if plan.preempted:
             self.total_preemptions += len(plan.preempted)
-            self.hook.on_preempted(ctx=ctx, seqs=plan.preempted)
+            if len(plan.preempted) > self._notified:
+                self._notify_preempted(plan)
         return plan
+
+    def _notify_preempted(self, plan: StepPlan) -> None:
+        """Tell `on_preempted` of the step's victims it has not heard of yet."""
+        new = plan.preempted[self._notified :]
+        self._notified = len(plan.preempted)
+        self.hook.on_preempted(ctx=self.ctx, seqs=new)
 
     def _split(self, num_decoding: int, num_other: int) -> int:
         budget = self._budget
@@ -186,6 +214,10 @@ class Scheduler:
         """Admit candidates until one is blocked (head-of-line), slots or budget run out, or the
         candidates do."""
         while self._decode_left > 0 or self._prefill_left > 0:
+            if len(plan.preempted) > self._notified:
+                if not self._admit_after_preemption:
+                    return
+                self._notify_preempted(plan)
             seq = self._next_candidate(candidates)
             if seq is None:
                 return
@@ -237,7 +269,7 @@ class Scheduler:
         if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
             self._unacquire(seq)
             return None
-        if not self._grow(seq, n, plan):
+        if (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
             self._unacquire(seq)
             return False
         seq.num_cached_blocks = hit.num_tokens // pool.block_size
@@ -247,6 +279,8 @@ class Scheduler:
             seq.recomputed_tokens += max(0, seq.num_lost_tokens - hit.num_tokens)
             seq.num_lost_tokens = 0
         del self.waiting[seq]
+        if self._pending and not self._pending.isdisjoint(seq.block_table):
+            self._hitters.append(seq)
         self._schedule(seq, n, plan, decode)
         return True
 
@@ -295,6 +329,19 @@ class Scheduler:
             self._preempt(victim[0], victim[1], plan)
         return True
 
+    def _whole_prompt_fits(self, seq: Sequence, plan: StepPlan) -> bool:
+        """The full-prompt admission gate: the blocks of all of `seq`'s known tokens, beyond those
+        it holds (its prefix hit), fit in the free blocks, preempting victims if the policy says
+        so (fcfs never does for a waiting request: then it is blocked)."""
+        pool = self.pool
+        need = -(-len(seq.token_ids) // pool.block_size) - len(seq.block_table)
+        while need > pool.num_free_blocks():
+            victim = self._victim(seq, "blocks")
+            if victim is None:
+                return False
+            self._preempt(victim[0], victim[1], plan)
+        return True
+
     def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
         """Give `seq` the blocks for `n` more tokens, preempting victims while blocks are missing.
         False when `seq` could not be served (it was preempted itself, or it is a candidate that
@@ -337,6 +384,27 @@ class Scheduler:
             plan.num_prefill_tokens += n
             self._prefill_left -= n
             self._prefills_left -= 1
+        if self._caching:
+            full = (start + n) // plan.block_size
+            cached = seq.num_cached_blocks
+            if full > cached:
+                # indexed now, so that a request admitted later in this step shares them
+                self._registered[seq] = cached
+                table = seq.block_table
+                self._pending.update(table[cached:full])
+                self.pool.cache_full_blocks(table, seq.token_ids, cached, full, seq.cache_salt)
+                seq.num_cached_blocks = full
+
+    def _unregister(self, seq: Sequence) -> list[Sequence]:
+        """Take the blocks that `seq` (whose blocks were just released) registered in this step out
+        of the prefix index: their KV will not be written. Returns the running requests admitted
+        in this step on a hit of them."""
+        first = self._registered.pop(seq)
+        stale = self.pool.uncache(seq.block_table[first : seq.num_cached_blocks])
+        seq.num_cached_blocks = first
+        if not stale:
+            return []
+        return [h for h in self._hitters if h.state is _RUNNING and not stale.isdisjoint(h.block_table)]
 
     def _preempt(self, seq: Sequence, mode: str, plan: StepPlan) -> None:
         """Take `seq` off the running set: back to waiting (recompute) or to the host (swap)."""
@@ -359,12 +427,14 @@ class Scheduler:
         host = None
         if mode == SWAP and self.swap is not None:
             host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops)
+        if host is None:
+            self.pool.release(seq.block_table)
+        hitters = self._unregister(seq) if seq in self._registered else ()
         if host is not None:
             seq.host_table = host
             seq.state = _SWAPPED
             self.swapped[seq] = None
         else:
-            self.pool.release(seq.block_table)
             seq.num_lost_tokens = max(seq.num_lost_tokens, seq.num_computed_tokens)
             seq.num_computed_tokens = 0
             seq.num_cached_blocks = 0
@@ -372,20 +442,18 @@ class Scheduler:
             self.waiting[seq] = None
         seq.block_table = []
         plan.preempted.append(seq)
+        for h in hitters:  # admitted on a hit of blocks that will not be computed: back to waiting
+            if h.state is _RUNNING:
+                self._preempt(h, RECOMPUTE, plan)
 
     # --- after the executor ran ----------------------------------------------------------------
 
     def commit(self, plan: StepPlan) -> None:
-        """Advance each scheduled sequence past the tokens the step computed and index the blocks
-        that became full (they can now be shared by prefix)."""
-        pool, bs = self.pool, self.pool.block_size
+        """Advance each scheduled sequence past the tokens the step computed. (The blocks that
+        became full were indexed when they were scheduled.)"""
         plan.sample_seqs  # fixed before the sequences advance
         for seq, n in plan.scheduled.items():
             seq.num_computed_tokens += n
-            full = seq.num_computed_tokens // bs
-            if full > seq.num_cached_blocks:
-                pool.cache_full_blocks(seq.block_table, seq.token_ids, seq.num_cached_blocks, full, seq.cache_salt)
-                seq.num_cached_blocks = full
 
     def fork(self, parent: Sequence, n: int) -> list[Sequence]:
         """Create the `n - 1` siblings of `parent` (parallel sampling) once its prompt is

@@ -53,6 +53,8 @@ class Sequence:
       the first admission), `admitted_seq_no` (a counter stamped at each admission: larger is later)
     - timestamps on the engine's clock: `first_scheduled_time`, `prefill_done_time`,
       `first_token_time`, `finish_time` (None until they happen), `token_times`.
+    - `text`: the detokenised output so far, cut before a stop string (None when the engine has
+      no tokenizer); its incremental state is `detok`.
     """
 
     __slots__ = (
@@ -62,7 +64,7 @@ class Sequence:
         "block_table", "host_table", "state", "finish_reason", "error",
         "num_preemptions", "num_cached_prompt_tokens", "recomputed_tokens", "num_lost_tokens", "admitted_seq_no",
         "first_scheduled_time", "prefill_done_time", "first_token_time", "finish_time",
-        "token_times", "parent", "children",
+        "token_times", "parent", "children", "detok",
     )
 
     def __init__(
@@ -113,6 +115,7 @@ class Sequence:
         self.token_times: list[float] = []
         self.parent: Sequence | None = None
         self.children: list[Sequence] = []
+        self.detok = None
 
     @classmethod
     def from_request(cls, request: Request, arrival_time: float, arrival_no: int) -> Sequence:
@@ -136,6 +139,10 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def text(self) -> str | None:
+        return self.detok.text if self.detok is not None else None
 
     @property
     def output_token_ids(self) -> list[int]:

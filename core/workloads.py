@@ -505,15 +505,17 @@ def build_workload(
     max_requests: int | None = None,
     groups: int | None = None,
     traces_dir: str | Path | None = None,
+    tokenizer: Any = None,
 ) -> Workload:
     """Build a workload from a built-in name (see `BUILTIN_WORKLOADS`) or a file path.
 
-    Files: `.csv` (Azure trace), `.jsonl` (Mooncake trace), `.toml` / `.json` (a `SyntheticSpec`).
+    Files: `.csv` (Azure trace), `.jsonl` (Mooncake trace, or a request file with prompts: see
+    `core/text_requests.py`; its text prompts need `tokenizer`), `.toml` / `.json` (a `SyntheticSpec`).
     `seed` drives the synthetic built-ins (default 0); for a spec file, a seed given here
     overrides the file's. `groups` is for `mixed-64` only. Then, for any source: the first
     `max_requests` by arrival are kept and `rate_scale` / `length_scale` applied (`scale_items`).
     """
-    from . import traces
+    from . import text_requests, traces
 
     if not (isinstance(rate_scale, (int, float)) and math.isfinite(rate_scale) and rate_scale > 0):
         raise WorkloadError(f"rate_scale must be a number > 0, got {rate_scale!r}")
@@ -556,6 +558,10 @@ def build_workload(
         if not path.is_file():
             raise WorkloadError(f"workload file {source} does not exist")
         name = path.stem
+        if suffix == ".jsonl" and text_requests.is_request_file(path):
+            return text_requests.request_workload(
+                path, tokenizer, rate_scale=rate_scale, length_scale=length_scale, max_requests=max_requests
+            )
         if suffix in (".toml", ".json"):
             spec = load_spec(path)
             if seed is not None:

@@ -19,11 +19,19 @@ class Executor(Protocol):
     - `name`: `"sim"` or `"torch"`, for results and logs.
     - `now()`: the engine clock in seconds (virtual for the simulator, wall for a real executor).
     - `execute(plan)`: runs the plan's block ops in order, then the forward pass; returns the clock
-      after the step and one logits row per `plan.sample_seqs` (None in the simulator).
+      after the step and one logits row per `plan.sample_seqs` (None in the simulator). The step
+      writes all of its KV before any attention of the step reads KV: the scheduler indexes the
+      blocks a step fills when it schedules them, and a request admitted later in the same step
+      may share them (its attention reads them in the same forward). A block copy in the plan
+      never reads such a block (it runs before the forward).
     - `idle_until(t)`: nothing to run before time `t` (the next arrival): the simulator jumps its
       clock to `max(now(), t)`, a real executor sleeps.
     - `describe()`: a JSON-ready dict for the result document's `"executor"` field, at least
       `{"name": ..., "cost_model": {...}}` (a real executor may give `"cost_model": None`).
+
+    A real model adds (the engine uses each when present, see `RealExecutor`): `bind(config)`,
+    `close()`, `eos_token_id`, `vocab_size`, `max_model_len`, `tokenizer`, `kv_bytes_per_token`
+    and `suggest_num_blocks(block_size)`.
     """
 
     name: str
@@ -35,6 +43,33 @@ class Executor(Protocol):
     def idle_until(self, t: float) -> None: ...
 
     def describe(self) -> dict: ...
+
+
+@runtime_checkable
+class RealExecutor(Executor, Protocol):
+    """An executor that computes a model: what the engine and the CLI read from it.
+
+    - `bind(config)`: called once by the engine before the first step: allocate the KV blocks the
+      engine's pool describes (`config.num_blocks` of `config.block_size` tokens, and
+      `config.swap_space_blocks` host blocks); block ids in plans index them.
+    - `close()`: release the model's memory and the KV blocks (`Engine.close` calls it).
+    - `eos_token_id` (None: none), `vocab_size` (prompts are validated against it),
+      `max_model_len` (the model's context length, or None), `tokenizer` (or None).
+    - `kv_bytes_per_token`: 2 x layers x KV heads x head dim x dtype size;
+      `suggest_num_blocks(block_size)`: the blocks the executor's memory budget holds.
+    """
+
+    eos_token_id: int | None
+    vocab_size: int
+    max_model_len: int | None
+    tokenizer: object
+    kv_bytes_per_token: int
+
+    def bind(self, config: object) -> None: ...
+
+    def close(self) -> None: ...
+
+    def suggest_num_blocks(self, block_size: int) -> int: ...
 
 
 def count_block_ops(block_ops: list[tuple[int, int, int]]) -> tuple[int, int, int]:

@@ -50,13 +50,17 @@ class StepsConfig(_Config):
 
 
 class StepsCostModel:
-    """Every non-empty step costs `step_time` seconds: the clock counts steps."""
+    """Every non-empty step costs `step_time` seconds: the clock counts steps.
+
+    `fixed_step_time` tells the simulated executor that every non-empty step costs the same, so
+    it keeps an integer step count and its clock reads exact multiples of the step time."""
 
     name = "steps"
 
     def __init__(self, **params: Any) -> None:
         self.config = StepsConfig(**params)
         self._dt = self.config.step_time
+        self.fixed_step_time = self._dt
 
     def step_time(self, plan: StepPlan) -> float:
         return 0.0 if _is_empty(plan) else self._dt

@@ -75,6 +75,8 @@ class BlockPool:
         "num_blocks",
         "block_size",
         "enable_prefix_caching",
+        "partial_match",
+        "pending",
         "peak_used_blocks",
         "_refs",
         "_keys",
@@ -90,12 +92,22 @@ class BlockPool:
     """Hash of `(parent_hash, tokens, extra_key)`; a class attribute so tests can collide it."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        partial_match: bool = True,
     ) -> None:
         assert num_blocks > 0 and block_size > 0, (num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.partial_match = partial_match
+        """Whether `lookup` may end on a block that matches the prompt in part (token-granular,
+        shared through copy-on-write); False matches whole blocks only, as vLLM does."""
+        self.pending: set[int] = set()
+        """Indexed blocks whose KV the current step has yet to write (the scheduler's set): a
+        lookup may share them whole, never in part (a copy would run before the write)."""
         self.peak_used_blocks = 0
         self._refs = [0] * num_blocks
         # The key of a full, computed block; kept on blocks that are not indexed (a duplicate took
@@ -134,9 +146,9 @@ class BlockPool:
     ) -> PrefixHit:
         """Find the longest cached prefix of `token_ids` (no side effects).
 
-        Full blocks are matched by chained hash (keys verified), then one more block may match in
-        part: the indexed child of the last matched block whose tokens share the longest common
-        prefix with the next prompt tokens. At most `max_tokens` tokens are counted (callers pass
+        Full blocks are matched by chained hash (keys verified), then, with `partial_match`, one
+        more block may match in part: the indexed child of the last matched block whose tokens
+        share the longest common prefix with the next prompt tokens (not a `pending` one). At most `max_tokens` tokens are counted (callers pass
         `len(prompt) - 1` so that the last prompt token is always computed). The caller must
         `acquire` the returned blocks before anything else allocates from the pool.
         """
@@ -165,13 +177,14 @@ class BlockPool:
             parent, parent_hash = key, key.hash
             pos += bs
         n = min(bs, limit - pos)
-        if n > 0:
+        if n > 0 and self.partial_match:
             candidates = self._children.get((parent_hash, extra_key, token_ids[pos]))
             if candidates:
                 best, best_len = -1, 0
+                pending = self.pending
                 for b in candidates:
                     key = keys[b]
-                    if not _same_prefix(key.parent, parent):
+                    if b in pending or not _same_prefix(key.parent, parent):
                         continue
                     tokens = key.tokens
                     k = 1
@@ -239,6 +252,23 @@ class BlockPool:
                 else:
                     children.add(b)
             parent = key
+
+    def uncache(self, block_ids: Iterable[int]) -> set[int]:
+        """Take blocks out of the prefix index (their KV was never written: the step that was to
+        write them did not run it). Unreferenced ones become free. Returns those of them still
+        referenced (shared by a prefix hit, so their holders must not use them)."""
+        shared = set()
+        indexed, refs = self._indexed, self._refs
+        for b in block_ids:
+            if not indexed[b]:
+                continue
+            self._unindex(b)
+            if refs[b]:
+                shared.add(b)
+            else:
+                del self._evictable[b]
+                self._free.append(b)
+        return shared
 
     def _make_key(
         self, parent: _BlockKey | None, tokens: tuple, extra_key: Hashable

@@ -210,8 +210,9 @@ def test_prefill_first_counts_only_prompts_whose_blocks_fit():
     assert engine.metrics.steps[4][FREE_BLOCKS] == 18
     assert zero_decode_steps(engine) == 4 and engine.scheduler.total_preemptions == 0
     # 18 blocks: 14 free, it does not fit, so it is no demand: the decodes keep their share
-    # (fcfs still admits its first chunks into the rest of the budget, and preempts it later).
-    engine, log = decoders_then_long_prompt("prefill_first", num_blocks=18)
+    # (with the first-chunk admission gate fcfs still admits its first chunks into the rest of the
+    # budget, and preempts it later).
+    engine, log = decoders_then_long_prompt("prefill_first", num_blocks=18, admission_gate="first_chunk")
     assert engine.metrics.steps[4][FREE_BLOCKS] == 14
     assert zero_decode_steps(engine) == 0
     assert log.splits[5:8] == [(2, 62), (2, 62), (2, 62)]

@@ -265,7 +265,8 @@ def test_the_slot_of_an_unforked_sample_is_held_until_its_parent_ends():
 
 def test_a_preempted_unforked_parent_forks_after_readmission():
     # 5 blocks: the pair (n=2, admitted last) runs out of blocks in the middle of its prompt
-    engine = make_engine(num_blocks=5, max_num_seqs=3, max_prefill_chunk=4, enable_prefix_caching=False)
+    engine = make_engine(num_blocks=5, max_num_seqs=3, max_prefill_chunk=4, enable_prefix_caching=False,
+                         admission_gate="first_chunk")
     engine.add_request(request("big", 4, max_new=16))
     engine.add_request(request("pair", 16, max_new=3, n=2))
     engine.add_request(request("z", 3, max_new=1))
@@ -274,6 +275,7 @@ def test_a_preempted_unforked_parent_forks_after_readmission():
         assert len(engine.scheduler.running) <= 3
         engine.pool.check_invariants(live_tables(engine))
     ps = engine.executor.plans
+    # (first-chunk admission: the scenario this test needs)
     # readmitted as soon as its first chunk fits, the pair is preempted again while big grows;
     # once big ended (step 16) its prompt is computed, it forks (step 20), and its second
     # sample, admitted last, finds no block for its first decode and waits for the first

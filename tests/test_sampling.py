@@ -53,3 +53,14 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_the_batch():
 def test_rows_and_sequences_must_match():
     with pytest.raises(ValueError):
         sample_rows([seq(), seq(1)], [LOGITS])
+
+
+def test_min_p_and_min_tokens_on_lists():
+    # softmax(LOGITS): p(1) = 0.46, p(2) = 0.06; min_p 0.2 cuts below 0.092: only tokens 1 and 3 stay
+    probs = [math.exp(x) for x in LOGITS]
+    assert probs[2] / sum(probs) < 0.2 * probs[1] / sum(probs) < probs[3] / sum(probs)
+    assert {sample_rows([seq(i, min_p=0.2, seed=i)], [LOGITS])[0] for i in range(300)} == {1, 3}
+    # EOS (1) is the argmax; before min_tokens it cannot be sampled, nor stop id 3
+    banned = seq(temperature=0.0, min_tokens=1, stop_token_ids=(3,))
+    assert sample_rows([banned], [LOGITS], eos_token_id=1) == [2]
+    assert sample_rows([seq(temperature=0.0, min_tokens=1, ignore_eos=True)], [LOGITS], eos_token_id=1) == [1]

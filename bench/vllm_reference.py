@@ -1,0 +1,212 @@
+"""Reference schedules from vLLM's v1 scheduler, for checking `--preset vllm` against the real thing.
+
+Drives vLLM 0.33's `vllm.v1.core.sched.scheduler.Scheduler` (pure Python: it runs on CPU) with a
+fake model runner on a metroline workload and writes, per request, the step (1-based count of
+non-empty steps) and the time of its first scheduling, its first token and its end:
+
+- the fake model runner samples one token for each scheduled request whose computed tokens reach
+  its known tokens (the last chunk of a prompt, or a decode), as a real forward would;
+- the clock is metroline's simulated clock under `--cost-model steps`: each non-empty step lasts
+  `--step-time` seconds (computed as `anchor + n * step_time`, like `SimulatedExecutor`), a request
+  is submitted once the clock reaches its arrival, and an idle engine jumps to the next arrival;
+- vLLM's block pool keeps one null block, so it gets `--num-blocks + 1` blocks: both engines then
+  have `--num-blocks` blocks for requests.
+
+Install (a separate venv: vLLM's wheel without its dependencies, next to the CPU torch that
+/work/deps holds, plus the pure-Python modules its scheduler's imports need):
+
+    python3 -m venv /work/vllm-venv
+    echo /work/deps/lib/python3.11/site-packages > /work/vllm-venv/lib/python3.11/site-packages/zz_deps.pth
+    /work/vllm-venv/bin/pip install --no-deps vllm==0.33.0 cbor2 pyzmq aiohttp multidict attrs yarl \
+        propcache aiohappyeyeballs aiosignal frozenlist openai_harmony pillow pybase64 cachetools \
+        msgspec cloudpickle uvloop py-cpuinfo prometheus_client xgrammar apache-tvm-ffi fastapi \
+        starlette opentelemetry-api partial_json_parser llguidance einops
+
+Run (from the repository root; metroline is imported from this checkout):
+
+    /work/vllm-venv/bin/python bench/vllm_reference.py --workload shared-prefix --max-requests 60 \
+        --num-blocks 200 --max-num-seqs 32 --max-batched-tokens 2048 --out tests/data/vllm_x.json
+
+The JSON written is what `tests/test_vllm_preset.py` replays under `--preset vllm` and compares
+request by request. `--summary` prints the preemption count instead of (or as well as) writing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = {  # a local config.json: vLLM's ModelConfig wants a model; nothing is loaded
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 32000,
+    "max_position_embeddings": 131072, "torch_dtype": "float32", "rms_norm_eps": 1e-5,
+}
+
+
+def import_metroline() -> None:
+    """Import metroline from this checkout (the repository root is the package)."""
+    try:
+        import metroline  # noqa: F401
+        return
+    except ImportError:
+        pass
+    spec = importlib.util.spec_from_file_location("metroline", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["metroline"] = module
+    spec.loader.exec_module(module)
+
+
+def build_scheduler(args: argparse.Namespace, model_dir: Path):
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+    import torch
+
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=args.max_model_len,
+                        dtype="float32", seed=0)
+    sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+                            max_model_len=args.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False)
+    cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=True)
+    cache.num_gpu_blocks = args.num_blocks + 1  # + vLLM's null block
+    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                        device_config=DeviceConfig(device="cpu"))
+    spec = FullAttentionSpec(block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=args.num_blocks + 1, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return Scheduler(config, kv, StructuredOutputManager(config), block_size=args.block_size, log_stats=False)
+
+
+def make_request(item, rid: str, block_hasher):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=item.output_len, ignore_eos=True, temperature=0.0)
+    return Request(rid, item.prompt_token_ids(), params, None, arrival_time=item.arrival_s, block_hasher=block_hasher)
+
+
+def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
+    """Replay the workload on vLLM's scheduler with the fake model runner and the step clock."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    scheduler = build_scheduler(args, model_dir)
+    hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(args.block_size, hash_fn)
+
+    items, dt = workload.items, args.step_time
+    anchor, ticks, steps = 0.0, 0, 0
+    now = 0.0
+    live: dict[str, object] = {}
+    record: dict[str, dict] = {}
+    i, preemptions = 0, 0
+    while True:
+        while i < len(items) and items[i].arrival_s <= now:
+            rid = str(i)
+            req = make_request(items[i], rid, hasher)
+            scheduler.add_request(req)
+            live[rid] = req
+            record[rid] = {}
+            i += 1
+        if not live:
+            if i == len(items):
+                break
+            anchor, ticks, now = items[i].arrival_s, 0, items[i].arrival_s
+            continue
+        out = scheduler.schedule()
+        preemptions += len(out.preempted_req_ids or ())
+        scheduled = out.num_scheduled_tokens
+        if not scheduled:
+            if i < len(items) and items[i].arrival_s > now:
+                anchor, ticks, now = items[i].arrival_s, 0, items[i].arrival_s
+                continue
+            raise RuntimeError(f"vLLM scheduled nothing at t={now} with {len(live)} requests live")
+        start = now
+        steps += 1
+        ticks += 1
+        now = anchor + ticks * dt
+        req_ids, sampled = [], []
+        for rid in scheduled:
+            req = live[rid]
+            rec = record[rid]
+            if "first_scheduled" not in rec:
+                rec["first_scheduled"] = [steps, start]
+            req_ids.append(rid)
+            # the scheduler advanced num_computed_tokens already: a token when it reached the end
+            sampled.append([1] if req.num_computed_tokens >= req.num_tokens else [])
+        output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
+                                   sampled_token_ids=sampled)
+        scheduler.update_from_output(out, output)
+        for rid, tokens in zip(req_ids, sampled):
+            if not tokens:
+                continue
+            req, rec = live[rid], record[rid]
+            if "first_token" not in rec:
+                rec["first_token"] = [steps, now]
+            if req.is_finished():
+                rec["finish"] = [steps, now]
+                rec["preemptions"] = req.num_preemptions
+                del live[rid]
+    return {"preemptions": preemptions, "steps": steps, "requests": record}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", required=True, help="a metroline built-in workload or spec/trace file")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-requests", type=int)
+    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--length-scale", type=float, default=1.0)
+    p.add_argument("--num-blocks", type=int, required=True, help="blocks for requests (metroline's num_blocks)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--step-time", type=float, default=0.01)
+    p.add_argument("--traces-dir")
+    p.add_argument("--out", help="write the recording (JSON) here")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import_metroline()
+    from metroline.core.workloads import build_workload
+
+    workload = build_workload(args.workload, seed=args.seed, rate_scale=args.rate_scale,
+                              length_scale=args.length_scale, max_requests=args.max_requests,
+                              traces_dir=args.traces_dir)
+    import tempfile
+
+    import vllm
+
+    wall = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(TINY_MODEL))
+        result = replay(args, workload, Path(tmp))
+    wall = time.perf_counter() - wall
+    doc = {
+        "reference": f"vllm {vllm.__version__} v1 Scheduler, fake model runner (one token per request whose "
+                     "computed tokens reach its known tokens), steps of step_time seconds",
+        "workload": {"source": args.workload, "seed": args.seed, "max_requests": args.max_requests,
+                     "rate_scale": args.rate_scale, "length_scale": args.length_scale},
+        "engine": {"num_blocks": args.num_blocks, "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
+                   "step_time": args.step_time},
+        **result,
+    }
+    print(f"{args.workload}: {len(result['requests'])} requests, {result['steps']} steps, "
+          f"{result['preemptions']} preemptions ({wall:.1f} s)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

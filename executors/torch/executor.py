@@ -1,0 +1,200 @@
+"""`TorchExecutor`: a Hugging Face causal LM running metroline's step plans on paged KV.
+
+A step's block ops (copy-on-write copies, swaps) run first, in plan order; then its prefill chunks
+and decodes run as one packed forward (batch 1, explicit positions, no padding), and the LM head
+runs only on the last token of each sequence in `plan.sample_seqs`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from ...core.plan import StepPlan, StepResult
+from ..base import ExecutorStats
+from . import attention
+from .kv_cache import PagedKVCache, kv_bytes_per_token
+
+CPU_KV_BUDGET = 1 << 30
+"""Default KV budget on CPU (bytes): at most this, and at most a quarter of the machine's memory."""
+CUDA_KV_FRACTION = 0.85
+"""Default KV budget on CUDA: this fraction of the device memory free once the model is loaded."""
+
+
+class TorchExecutor:
+    """Runs step plans on `model` (a transformers causal LM) on the wall clock.
+
+    The engine calls `bind(config)` once: it allocates the KV blocks the engine's pool describes
+    (`num_blocks` of `block_size` tokens, plus `swap_space_blocks` host blocks). `kv_memory`
+    (bytes) is the budget `suggest_num_blocks` sizes the pool from when no block count is given.
+    """
+
+    name = "torch"
+
+    def __init__(
+        self, model: Any, tokenizer: Any = None, *, source: str = "model", kv_memory: int | None = None
+    ) -> None:
+        model.set_attn_implementation(attention.register())
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.source = source
+        cfg = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = getattr(cfg, "max_position_embeddings", None)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True):
+            # the paged attention attends to the whole context: stay within the window
+            self.max_model_len = min(self.max_model_len or window, window)
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = cfg.eos_token_id
+        self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+        self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        self.kv_memory = kv_memory
+        self.ops = attention.attention_ops(self.device)
+        self.kv: PagedKVCache | None = None
+        self.stats = ExecutorStats()
+        self._t0 = time.perf_counter()
+
+    @classmethod
+    def from_options(
+        cls, model: str = "smollm2", dtype: str | None = None, device: str | None = None,
+        kv_memory_gb: float | None = None, **unknown: Any,
+    ) -> TorchExecutor:
+        """Load `model` (a folder, a .gguf or a known name) with `dtype` on `device`."""
+        if unknown:
+            raise ValueError(f"torch executor: unknown option(s) {', '.join(sorted(unknown))}")
+        from . import loader
+
+        dev = loader.resolve_device(device)
+        dt = loader.resolve_dtype(dtype, dev)
+        hf_model, tokenizer, folder = loader.load(model, dt, dev, attention.register())
+        budget = None if kv_memory_gb is None else int(kv_memory_gb * (1 << 30))
+        return cls(hf_model, tokenizer, source=model, kv_memory=budget)
+
+    # --- the KV pool -------------------------------------------------------------------------
+
+    def kv_budget(self) -> int:
+        """The bytes of KV to allocate: `kv_memory` if given, else a device-dependent default."""
+        if self.kv_memory is not None:
+            return self.kv_memory
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * CUDA_KV_FRACTION)
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 4 * CPU_KV_BUDGET
+        return min(CPU_KV_BUDGET, total // 4)
+
+    def suggest_num_blocks(self, block_size: int) -> int:
+        """How many blocks of `block_size` tokens the KV budget holds."""
+        return max(1, self.kv_budget() // (self.kv_bytes_per_token * block_size))
+
+    def bind(self, config: Any) -> None:
+        """Allocate the KV blocks for an engine's pool (replacing any earlier allocation); the
+        clock starts at 0 here."""
+        self.kv = None
+        self.kv = PagedKVCache(
+            self.num_layers, config.num_blocks, config.block_size, self.num_kv_heads, self.head_dim,
+            self.dtype, self.device, config.swap_space_blocks,
+        )
+        self.stats = ExecutorStats()
+        self._t0 = time.perf_counter()
+
+    def close(self) -> None:
+        """Free the KV blocks (and the CUDA cache)."""
+        self.kv = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # --- the clock and the step --------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def idle_until(self, t: float) -> None:
+        wait = t - self.now()
+        if wait > 0:
+            time.sleep(wait)
+            self.stats.record_idle(wait)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        if self.kv is None:
+            raise RuntimeError("TorchExecutor.execute before bind(config): no KV blocks allocated")
+        start = self.now()
+        with torch.inference_mode():
+            if plan.block_ops:
+                self.kv.run_block_ops(plan.block_ops)
+            logits = self._forward(plan) if plan.scheduled else None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = self.now()
+        self.stats.record(plan, end - start)
+        return StepResult(end, logits)
+
+    def _forward(self, plan: StepPlan) -> torch.Tensor:
+        bs = plan.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        last_row: dict[Any, int] = {}
+        for seq, n in plan.scheduled.items():
+            first = seq.num_computed_tokens
+            end = first + n
+            ids.extend(seq.token_ids[first:end])
+            positions.extend(range(first, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
+            starts.append(starts[-1] + n)
+            seq_lens.append(end)
+            tables.append(table[: (end + bs - 1) // bs])
+            last_row[seq] = starts[-1] - 1
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        meta = attention.StepMeta(
+            torch.tensor(slots, dtype=torch.int64, device=dev),
+            torch.tensor(padded, dtype=torch.int32, device=dev),
+            torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            torch.tensor(starts, dtype=torch.int32, device=dev),
+            self.kv.k_layers, self.kv.v_layers, self.ops,
+        )
+        keep = torch.tensor([last_row[s] for s in plan.sample_seqs], dtype=torch.int64, device=dev)
+        with attention.active_step(meta):
+            out = self.model(
+                input_ids=torch.tensor([ids], device=dev),
+                position_ids=torch.tensor([positions], device=dev),
+                use_cache=False,
+                logits_to_keep=keep,
+            )
+        return out.logits[0].float()
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "cost_model": None,
+            "model": self.source,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "attention": self.ops.__name__.rsplit(".", 1)[-1],
+            **self.stats.as_dict(),
+        }
+
+
+def from_options(**options: Any) -> TorchExecutor:
+    """The `torch` entry point of the `metroline.executors` group."""
+    return TorchExecutor.from_options(**options)

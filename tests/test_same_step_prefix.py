@@ -1,0 +1,114 @@
+"""Blocks scheduled in a step are in the prefix index for requests admitted later in the same step
+(the executor writes a step's KV before attention reads it); a registrant preempted in the step
+takes them out again."""
+
+from __future__ import annotations
+
+from conftest import assert_pool_drained, live_tables, make_engine, request, run_to_end
+
+from metroline.core.hookspecs import hookimpl
+from metroline.core.sequence import SeqState
+
+PREFIX = [7, 8, 9, 10, 11, 12, 13, 14]  # two blocks of 4 tokens
+
+
+def test_a_request_admitted_later_in_the_step_shares_the_blocks_scheduled_before_it():
+    engine = make_engine(max_num_batched_tokens=64)
+    for i in range(3):
+        engine.add_request(request(f"r{i}", PREFIX + [100 + i], max_new=2))
+    engine.step()
+    plan = engine.executor.plans[0]
+    # r0 computes its 9 tokens; r1 and r2 share r0's two full prefix blocks and compute 1 token each
+    assert plan.admitted == ["r0", "r1", "r2"]
+    assert plan.scheduled == {"r0": 9, "r1": 1, "r2": 1}
+    assert plan.starts == {"r0": 0, "r1": 8, "r2": 8}
+    r0, r1, r2 = (engine.sequences(f"r{i}")[0] for i in range(3))
+    assert r1.block_table[:2] == r2.block_table[:2] == r0.block_table[:2]
+    assert r1.num_cached_prompt_tokens == r2.num_cached_prompt_tokens == 8
+    assert engine.pool.peak_used_blocks == 3 + 1 + 1
+    run_to_end(engine)
+    assert_pool_drained(engine)
+
+
+def test_block_granular_matching_never_shares_a_partly_matching_block():
+    engine = make_engine(max_num_batched_tokens=64)
+    engine.add_request(request("a", PREFIX + [1, 2, 3, 4, 5], max_new=1))
+    run_to_end(engine)
+    engine.add_request(request("b", PREFIX + [1, 2, 9, 9, 9], max_new=1))  # 2 of the third block match
+    engine.step()
+    assert engine.executor.plans[-1].starts == {"b": 8} and engine.executor.plans[-1].block_ops == []
+    run_to_end(engine)
+    token = make_engine(max_num_batched_tokens=64, prefix_match="token")
+    token.add_request(request("a", PREFIX + [1, 2, 3, 4, 5], max_new=1))
+    run_to_end(token)
+    token.add_request(request("b", PREFIX + [1, 2, 9, 9, 9], max_new=1))
+    token.step()
+    last = token.executor.plans[-1]
+    assert last.starts == {"b": 10} and len(last.block_ops) == 1  # the shared part, copied on write
+    run_to_end(token)
+    assert_pool_drained(token)
+
+
+class PreemptTheFirst:
+    """Makes room for `c` by preempting `a`, admitted earlier in the same step."""
+
+    name = "preempt_the_first"
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        if requester.request_id == "c":
+            return next(s for s in ctx.running if s.request_id == "a")
+        return None
+
+
+def test_a_registrant_preempted_in_its_step_takes_its_blocks_out_and_its_hitters_back():
+    engine = make_engine(max_num_seqs=2, max_num_batched_tokens=64, plugins=[PreemptTheFirst()])
+    engine.add_request(request("a", PREFIX + [1], max_new=2))
+    engine.add_request(request("b", PREFIX + [2], max_new=2))
+    engine.add_request(request("c", 5, max_new=2))
+    engine.step()
+    plan = engine.executor.plans[0]
+    # b hit a's two prefix blocks, whose KV a would have written in this very step: with a
+    # preempted they hold nothing, so b goes back to waiting too and c runs alone
+    assert plan.preempted == [("a", "WAITING"), ("b", "WAITING")]
+    assert plan.admitted == ["c"] and plan.scheduled == {"c": 5}
+    assert engine.pool.lookup(PREFIX + [1], None, 8).num_tokens == 0  # nothing left in the index
+    engine.pool.check_invariants(live_tables(engine))
+    run_to_end(engine)
+    for rid in "abc":
+        seq = engine.sequences(rid)[0]
+        assert seq.state is SeqState.FINISHED and seq.num_output_tokens == 2
+    assert_pool_drained(engine)
+
+
+def test_a_failed_step_leaves_no_block_of_it_in_the_prefix_index():
+    from conftest import RecordingExecutor
+
+    def fail_first(plan):
+        if plan.step == 1:
+            raise RuntimeError("device lost")
+
+    engine = make_engine(max_num_batched_tokens=64, executor=RecordingExecutor(on_execute=fail_first))
+    engine.add_request(request("a", PREFIX + [1], max_new=2))
+    engine.add_request(request("b", PREFIX + [2], max_new=2))
+    engine.step()
+    assert [engine.sequences(r)[0].finish_reason.value for r in "ab"] == ["failed", "failed"]
+    assert engine.pool.lookup(PREFIX + [3], None, 8).num_tokens == 0  # the KV was never written
+    assert_pool_drained(engine)
+    engine.add_request(request("c", PREFIX + [3], max_new=2))
+    run_to_end(engine)
+    assert engine.sequences("c")[0].num_cached_prompt_tokens == 0
+    assert_pool_drained(engine)
+
+
+def test_a_block_filled_in_this_step_is_shared_whole_never_copied_in_part():
+    # token-granular: b matches 2 tokens of a's third block, which a writes in this very step; a
+    # copy would run before the forward, so b shares the two full blocks only
+    engine = make_engine(max_num_batched_tokens=64, prefix_match="token")
+    engine.add_request(request("a", PREFIX + [1, 2, 3, 4, 5], max_new=1))
+    engine.add_request(request("b", PREFIX + [1, 2, 9, 9, 9], max_new=1))
+    engine.step()
+    plan = engine.executor.plans[0]
+    assert plan.starts == {"a": 0, "b": 8} and plan.block_ops == []
+    run_to_end(engine)
+    assert_pool_drained(engine)
