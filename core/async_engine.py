@@ -41,11 +41,13 @@ class RequestStream:
     `tokens` holds every output token so far; `read` how many the handler has taken; `finish_reason`
     and `error` are set when the request ends."""
 
-    __slots__ = ("request", "tokens", "read", "finish_reason", "error", "full_since", "_event")
+    __slots__ = ("request", "tokens", "text", "read", "finish_reason", "error", "full_since", "_event")
 
     def __init__(self, request: Request) -> None:
         self.request = request
         self.tokens: list[int] = []
+        self.text: str | None = None
+        """The engine's detokenised output (None when its executor has no tokenizer)."""
         self.read = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
@@ -214,6 +216,7 @@ class AsyncEngine:
                 continue
             if out.new_token_ids:
                 stream.tokens.extend(out.new_token_ids)
+                stream.text = out.seq.text
                 if len(stream.tokens) - stream.read > self.buffer_tokens:
                     if stream.full_since is None:
                         stream.full_since = now

@@ -63,6 +63,17 @@ class Server:
         headers = None if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return _Refusal(error(status, message, type_, param, code, headers))
 
+    def _engine_stops(self, body: p._Body) -> tuple[str, ...]:
+        """Stop strings the engine applies (when it detokenises); else the server does (`_stops`)."""
+        if self.engine.detokenizer is None or not body.stop:
+            return ()
+        return (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+
+    def _stops(self, body: p._Body) -> list[str]:
+        if self.engine.detokenizer is not None:
+            return []
+        return [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+
     async def _admit(self, http: HTTPRequest, chat: bool) -> tuple[Any, Request, RequestStream]:
         tenant = self.tenants.identify(http.headers.get("authorization"))
         if tenant is None:
@@ -101,6 +112,7 @@ class Server:
                 sampling=SamplingParams(
                     max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                     seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
+                    stop=self._engine_stops(body),
                 ),
             ))
         except ValidationError as exc:
@@ -135,7 +147,7 @@ class Server:
         except _Refusal as refusal:
             return refusal.response
         shapes = p.Shapes(request.request_id, self.serve.model, chat)
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        stops = self._stops(body)
         if body.stream:
             return StreamingResponse(self._sse(stream, shapes, stops, body.include_usage), media_type="text/event-stream")
         try:
@@ -143,8 +155,7 @@ class Server:
             texts = TextStream(self.tokenizer)
             while reason is None:
                 await stream.next()
-                text += texts.delta(stream.tokens, final=stream.finished)
-                text, reason = self._stop(stream, text, stops)
+                text, reason = self._stop(stream, texts.full(stream), stops)
         finally:
             if not stream.finished:
                 self.loop.abort(request.request_id)
@@ -177,8 +188,7 @@ class Server:
             yield p.sse(shapes.chunk("", first=True) if shapes.chat else shapes.chunk(""))
             while reason is None:
                 await stream.next()
-                text += texts.delta(stream.tokens, final=stream.finished)
-                text, reason = self._stop(stream, text, stops)
+                text, reason = self._stop(stream, texts.full(stream), stops)
                 upto = len(text) if reason is not None else max(sent, len(text) - hold)
                 if upto > sent and reason not in ("error", "cancelled"):
                     yield p.sse(shapes.chunk(text[sent:upto]))

@@ -60,8 +60,9 @@ def tokenizer_for(executor: Any) -> Any:
 
 
 class TextStream:
-    """Incremental text of a growing list of output tokens: `delta(tokens)` is the text the new
-    tokens add. Text that ends in an incomplete UTF-8 character is held back until it completes."""
+    """The output text of a request so far: the engine's own detokenised text when it has a
+    tokenizer (`stream.text`), else the server's tokenizer's decoding of every output token. Text
+    that ends in an incomplete UTF-8 character is held back until it completes."""
 
     __slots__ = ("tokenizer", "text")
 
@@ -69,13 +70,11 @@ class TextStream:
         self.tokenizer = tokenizer
         self.text = ""
 
-    def delta(self, tokens: list[int], final: bool = False) -> str:
-        text = self.tokenizer.decode(tokens)
-        if not final and text.endswith("\ufffd"):
-            return ""
-        new = text[len(self.text):] if text.startswith(self.text) else text
-        self.text = text
-        return new
+    def full(self, stream: Any) -> str:
+        text = stream.text if stream.text is not None else self.tokenizer.decode(stream.tokens)
+        if stream.finished or not text.endswith("\ufffd"):
+            self.text = text
+        return self.text
 
 
 class ContentTokens:
