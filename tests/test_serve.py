@@ -19,7 +19,7 @@ from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.engine import Engine  # noqa: E402
 from metroline.core.request import Request, SamplingParams  # noqa: E402
 from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
-from metroline.core.serving.tenants import ServeConfig  # noqa: E402
+from metroline.core.serving.tenants import ServeConfig, Tenants  # noqa: E402
 from metroline.core.serving.tokens import ContentTokens, StandInTokenizer  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
@@ -361,3 +361,20 @@ def test_the_openai_client_streams_smollm2_as_the_engine_generates_it_greedy():
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected
     assert chunks[-1].usage.prompt_tokens == len(prompt)
+
+
+def test_the_example_serve_config_loads_and_a_bad_one_is_a_one_line_error(tmp_path, capsys):
+    from pathlib import Path
+
+    from metroline.cli import build_parser, main, resolve_options
+    from metroline.core.config import load_config_file
+
+    path = Path(__file__).parents[1] / "examples" / "serve.toml"
+    config, run = resolve_options(build_parser().parse_args(["serve", "--config", str(path)]))
+    serve = ServeConfig.model_validate(load_config_file(path)["serve"])
+    assert (config.policy, run["cost_model"], serve.max_waiting, serve.salted) == ("weighted_fair", "linear", 256, True)
+    assert Tenants(serve).identify("Bearer sk-beta") == "beta"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[serve.tenants.a]\napi_keys = ["k"]\n[serve.tenants.b]\napi_keys = ["k"]\n')
+    assert main(["serve", "--config", str(bad)]) == 2
+    assert "tenants.b.api_keys: key already given to tenant 'a'" in capsys.readouterr().err
