@@ -136,6 +136,8 @@ class EngineTTFT:
 
     def __init__(self) -> None:
         self.ttft: dict[str, float] = {}
+        self.arrival: dict[str, float] = {}
+        """Arrival times on the engine clock (the executor's: monotonic seconds since its start)."""
 
     from metroline.core.hookspecs import hookimpl
 
@@ -144,6 +146,7 @@ class EngineTTFT:
         for s in seqs:
             if s.first_token_time is not None:
                 self.ttft[s.request_id] = s.first_token_time - s.arrival_time
+                self.arrival[s.request_id] = s.arrival_time
 
 
 def main() -> None:
@@ -187,6 +190,11 @@ def main() -> None:
     itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:])]
     overhead = [r["times"][0] - r["start"] - recorder.ttft[r["id"][len("chatcmpl-"):]]
                 for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
+    # CLOCK_MONOTONIC is one clock for both processes: split the overhead into its two legs
+    t0 = executor._t0
+    to_server = [t0 + recorder.arrival[r["id"][9:]] - r["start"] for r in ok if r["id"][9:] in recorder.arrival]
+    to_client = [r["times"][0] - (t0 + recorder.arrival[r["id"][9:]] + recorder.ttft[r["id"][9:]])
+                 for r in ok if r["id"][9:] in recorder.arrival]
     engine_ttft = [recorder.ttft[r["id"][len("chatcmpl-"):]] for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
     print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({args.rate:g}/s asked), "
           f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
@@ -195,6 +203,7 @@ def main() -> None:
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
           f"{server_cpu:.1f}, client process {doc['cpu']:.1f}")
     for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), ("server overhead", overhead),
+                       ("  to the engine", to_server), ("  back to client", to_client),
                        ("client ITL", itl)):
         print(f"{name:<16} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
               f"p99 {1e3 * pct(vals, 99):7.2f}  max {1e3 * max(vals, default=float('nan')):7.2f}")
