@@ -181,27 +181,28 @@ class Server:
         return text, "error" if stream.finish_reason is FinishReason.FAILED else "cancelled"
 
     async def _sse(self, stream: RequestStream, shapes: p.Shapes, stops: list[str], include_usage: bool):
+        # one write per step's tokens: the role rides on the first chunk, the end (finish reason and
+        # usage, the usage chunk, [DONE]) goes in one write; each write is a syscall
         texts = TextStream(self.tokenizer)
         hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string
-        sent, text, reason = 0, "", None
+        sent, text, reason, first = 0, "", None, True
         try:
-            yield p.sse(shapes.chunk("", first=True) if shapes.chat else shapes.chunk(""))
             while reason is None:
                 await stream.next()
                 text, reason = self._stop(stream, texts.full(stream), stops)
                 upto = len(text) if reason is not None else max(sent, len(text) - hold)
-                if upto > sent and reason not in ("error", "cancelled"):
-                    yield p.sse(shapes.chunk(text[sent:upto]))
-                    sent = upto
+                if reason is None and upto > sent:
+                    yield p.sse(shapes.chunk(text[sent:upto], first=first))
+                    sent, first = upto, False
             if reason in ("error", "cancelled"):
                 msg = f"the engine failed this request: {stream.error}" if reason == "error" else "cancelled"
-                yield p.sse(p.error_body(msg, "server_error"))
-            else:
-                use = p.usage(len(stream.request.prompt_token_ids), len(stream.tokens))
-                yield p.sse(shapes.chunk("", reason, use=use))
-                if include_usage:
-                    yield p.sse(shapes.usage_chunk(use))
-            yield p.DONE
+                yield p.sse(p.error_body(msg, "server_error")) + p.DONE
+                return
+            use = p.usage(len(stream.request.prompt_token_ids), len(stream.tokens))
+            end = p.sse(shapes.chunk(text[sent:], reason, first=first, use=use))
+            if include_usage:
+                end += p.sse(shapes.usage_chunk(use))
+            yield end + p.DONE
         finally:
             if not stream.finished:
                 self.loop.abort(stream.request_id)
