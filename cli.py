@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
                          f"(default: {','.join(POLICIES)})")
+    compare.add_argument("--jobs", type=int, metavar="N",
+                         help="worker processes running the policies in parallel (default: one per core; "
+                         "1 runs them one by one here); the results do not depend on it")
     _engine_flags(compare)
     _run_flags(compare)
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
@@ -173,22 +176,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .core import report
-    from .core.runner import run_workload
+    from .core.runner import run_workloads
 
     config, run = resolve_options(args)
     workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
         raise ValueError("--policies: give at least one policy")
-    docs = []
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
+    configs = []
     for label in labels:
         policy, *stacked = label.split("+")
-        cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
-        doc, _ = run_workload(
-            workload, cfg, make_executor(run), oracle_lengths=bool(run.get("oracle_lengths")),
-            progress=args.progress, window_s=run.get("window", 60.0),
-        )
-        docs.append(doc)
+        configs.append(config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]}))
+    make_executor(run)  # a bad executor or cost model is reported before any worker starts
+    docs = run_workloads(
+        workload, configs, lambda: make_executor(run), jobs=args.jobs, labels=labels,
+        oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
+    )
     print(report.format_comparison_table(docs))
     if args.json:
         report.write_json(args.json, {"runs": docs})
