@@ -236,31 +236,38 @@ class Engine:
             got = len(tokens) if isinstance(tokens, list) else type(tokens).__name__
             raise self.plugins.invalid("sample", f"expected a list of {len(seqs)} token ids, got {got}")
         eos, max_len = self.eos_token_id, self.config.max_model_len
-        finish, length = scheduler.finish, FinishReason.LENGTH
         for seq, tok in zip(seqs, tokens):
             token_ids = seq.token_ids
             token_ids.append(tok)
             seq.token_times.append(now)
             if seq.first_token_time is None:
-                seq.first_token_time = now
-                seq.prefill_done_time = now
+                seq.first_token_time = seq.prefill_done_time = now
             p = seq.sampling
-            reason = None
-            if tok in p.stop_token_ids:
-                reason = FinishReason.STOP
-            elif tok == eos and not p.ignore_eos:
-                reason = FinishReason.EOS
-            else:
-                n = len(token_ids)
-                if n - seq.num_prompt_tokens >= p.max_new_tokens or n >= max_len:
-                    reason = length
-            if reason is not None:
-                finish(seq, reason, now)
-            if outputs is not None:
-                outputs.append(RequestOutput(seq, [tok], reason is not None))
+            n = len(token_ids)
+            if (
+                n - seq.num_prompt_tokens >= p.max_new_tokens or n >= max_len or tok == eos or p.stop_token_ids
+            ) and self._stop(seq, tok, now):
+                if outputs is not None:
+                    outputs.append(RequestOutput(seq, [tok], True))
+            elif outputs is not None:
+                outputs.append(RequestOutput(seq, [tok], False))
         hook = scheduler.hook.on_tokens
         if hook.get_hookimpls():
             hook(ctx=scheduler.ctx, seqs=seqs)
+
+    def _stop(self, seq: Sequence, tok: int, now: float) -> bool:
+        """End `seq` if its new token `tok` stops it (stop token, EOS, or length); True if so."""
+        p = seq.sampling
+        if tok in p.stop_token_ids:
+            reason = FinishReason.STOP
+        elif tok == self.eos_token_id and not p.ignore_eos:
+            reason = FinishReason.EOS
+        elif seq.num_output_tokens >= p.max_new_tokens or len(seq.token_ids) >= self.config.max_model_len:
+            reason = FinishReason.LENGTH
+        else:
+            return False
+        self.scheduler.finish(seq, reason, now)
+        return True
 
     def _fork(self, seqs: list[Sequence], logits: Any) -> tuple[list[Sequence], Any]:
         """Fork the `n > 1` requests whose first token this step samples: their children join
