@@ -14,6 +14,7 @@ is cancelled, so a client that stops reading cannot hold blocks forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -232,10 +233,9 @@ class AsyncEngine:
         error = f"{type(exc).__name__}: {exc}"
         self.failed_steps += 1
         for rid, stream in list(self.streams.items()):
-            try:
+            with contextlib.suppress(Exception):  # the loop must outlive a broken request
                 self.engine.abort(rid)
-            finally:
-                self._end(stream, FinishReason.FAILED, error)
+            self._end(stream, FinishReason.FAILED, error)
 
     async def _run(self) -> None:
         engine, wake = self.engine, self._wake

@@ -378,3 +378,27 @@ def test_the_example_serve_config_loads_and_a_bad_one_is_a_one_line_error(tmp_pa
     bad.write_text('[serve.tenants.a]\napi_keys = ["k"]\n[serve.tenants.b]\napi_keys = ["k"]\n')
     assert main(["serve", "--config", str(bad)]) == 2
     assert "tenants.b.api_keys: key already given to tenant 'a'" in capsys.readouterr().err
+
+
+def test_stop_strings_on_stand_in_text_cut_the_text_and_end_the_request():
+    prompt = [3, 1, 4, 1, 5]
+    tokens = alone(prompt, 10)
+    stop = f" {tokens[3]} "  # the 4th token, between spaces: the text ends after the 3rd
+    assert tokens[3] not in tokens[:3]
+    expected = "".join(f" {t}" for t in tokens[:3])
+    with sim_server() as srv:
+        url = srv.url + "/v1/completions"
+        r = httpx.post(url, json={"prompt": prompt, "max_tokens": 10, "stop": stop}).json()
+        status, text, reason = asyncio.run(_stream_all(url, {"prompt": prompt, "max_tokens": 10, "stop": [stop]}))
+        for _ in range(500):
+            if not srv.engine.has_unfinished():
+                break
+            asyncio.run(asyncio.sleep(0.01))
+        all_free_or_evictable(srv.engine)
+    assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == (expected, "stop")
+    assert (status, text, reason) == (200, expected, "stop")
+
+
+async def _stream_all(url: str, body: dict) -> tuple[int, str, str | None]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await _stream(client, url, body)
