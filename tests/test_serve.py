@@ -402,3 +402,45 @@ def test_stop_strings_on_stand_in_text_cut_the_text_and_end_the_request():
 async def _stream_all(url: str, body: dict) -> tuple[int, str, str | None]:
     async with httpx.AsyncClient(timeout=30) as client:
         return await _stream(client, url, body)
+
+
+def test_sigterm_drains_the_streams_in_flight_then_exits():
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--port", str(port), "--step-time", "0.005"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):  # bounded: 30 s to start
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        got = {}
+
+        def long_stream():
+            got["result"] = asyncio.run(_stream_all(url + "/v1/completions", {"prompt": "x", "max_tokens": 200}))
+
+        t = threading.Thread(target=long_stream)
+        t.start()
+        time.sleep(0.3)  # the stream is under way (200 steps of 5 ms: 1 s)
+        os.kill(proc.pid, signal.SIGTERM)
+        t.join(30)
+        # uvicorn re-raises the signal once it has shut down, so the exit tells the parent why
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    status, text, reason = got["result"]
+    assert (status, len(text.split()), reason) == (200, 200, "length")  # drained, not cut
