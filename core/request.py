@@ -54,10 +54,10 @@ class Request(BaseModel):
     request_id: str = Field(default_factory=_next_id, min_length=1)
     tenant: str = Field(default="default", min_length=1)
     priority: int = 0
-    arrival_time: float | None = Field(default=None, ge=0.0)
+    arrival_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     expected_output_tokens: Annotated[int, Field(ge=0)] | None = None
-    deadline: float | None = Field(default=None, ge=0.0)
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     cache_salt: str | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
