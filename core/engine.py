@@ -14,7 +14,7 @@ from .answers import tokens_problem
 from .errors import NoProgressError, PluginError, RequestRefused
 from .metrics import MetricsCollector
 from .plugins import PluginManager
-from .request import Request, engine_limit_problem
+from .request import Request, engine_limit_problem, length_problem
 from . import recovery
 from .scheduler import Scheduler
 from .sequence import FinishReason, SeqState, Sequence
@@ -163,6 +163,11 @@ class Engine:
     def _add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
         self._arrived.append(seq)
+
+    def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
+        """Why a request of these lengths could never run on this engine, or None: the check of
+        `add_request` that needs no tokens, so a caller can refuse a huge prompt before making it."""
+        return length_problem(prompt_len, max_new_tokens, n, self._validation_context)
 
     def reject(self, request: Any, error: ValidationError | Exception) -> None:
         """Record a request that failed validation (it counts as `rejected` in the metrics)."""

@@ -75,12 +75,24 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
     if not context:
         return None
     prompt = request.prompt_token_ids
-    total = len(prompt) + request.sampling.max_new_tokens
+    problem = length_problem(len(prompt), request.sampling.max_new_tokens, request.sampling.n, context)
+    if problem is not None:
+        return problem
+    vocab = context.get("vocab_size")
+    if vocab is not None and max(prompt) >= vocab:
+        return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"
+    return None
+
+
+def length_problem(prompt_len: int, max_new_tokens: int, n: int, context: dict) -> str | None:
+    """What makes a request of these lengths unfit for an engine whose limits are in `context`
+    (see `engine_limit_problem`), or None; cheap enough to check before a prompt is made."""
+    total = prompt_len + max_new_tokens
     max_len = context.get("max_model_len")
     if max_len is not None and total > max_len:
         return (
-            f"prompt_token_ids ({len(prompt)} tokens) + sampling.max_new_tokens "
-            f"({request.sampling.max_new_tokens}) = {total} exceeds max_model_len={max_len}"
+            f"prompt_token_ids ({prompt_len} tokens) + sampling.max_new_tokens "
+            f"({max_new_tokens}) = {total} exceeds max_model_len={max_len}"
         )
     max_tokens = context.get("max_kv_tokens")
     if max_tokens is not None and total > max_tokens:
@@ -89,12 +101,6 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
             f"(num_blocks * block_size = {max_tokens})"
         )
     max_seqs = context.get("max_num_seqs")
-    if max_seqs is not None and request.sampling.n > max_seqs:
-        return (
-            f"sampling.n ({request.sampling.n}) exceeds max_num_seqs={max_seqs}: "
-            "its samples could never run together"
-        )
-    vocab = context.get("vocab_size")
-    if vocab is not None and max(prompt) >= vocab:
-        return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"
+    if max_seqs is not None and n > max_seqs:
+        return f"sampling.n ({n}) exceeds max_num_seqs={max_seqs}: its samples could never run together"
     return None
