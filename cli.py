@@ -150,7 +150,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             origin[key] = _flag(key)
     params = run.get("cost_params") or {}
     if not isinstance(params, dict):
-        raise ConfigError(f"{source}: run.cost_params: must be a table of cost model parameters, got {params!r:.60}")
+        raise ConfigError(f"{source}: run: cost_params: must be a table of cost model parameters, got {params!r:.60}")
     params = dict(params)
     for item in getattr(args, "cost_param", None) or ():
         key, sep, value = item.partition("=")

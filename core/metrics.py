@@ -438,9 +438,11 @@ def fairness(
     def index(t: float) -> int:
         """The window of time `t`: the last k with start + k * window_s <= t, within [0, n)."""
         k = min(max(int((t - start) / window_s), 0), n - 1)
-        while k + 1 < n and start + (k + 1) * window_s <= t:  # rounding near a boundary
+        # the division may round across a boundary: one step fixes it (where a window is finer
+        # than a float's resolution at `t`, boundaries are only as exact as the floats)
+        if k + 1 < n and start + (k + 1) * window_s <= t:
             k += 1
-        while k > 0 and start + k * window_s > t:
+        elif k > 0 and start + k * window_s > t:
             k -= 1
         return k
 

@@ -83,22 +83,21 @@ def _row_error(where: str, kind: str, model: type[TraceRow], err: ValidationErro
     return WorkloadError(f"{where}: " + "; ".join(parts))
 
 
-def _open(path: Path, **kwargs):
+def _open(path: Path):
     try:
-        return path.open(encoding="utf-8-sig", **kwargs)  # a byte-order mark is not part of the header
+        return path.open("rb")
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read trace: {e.strerror}") from None
 
 
 def _lines(f, path: Path):
-    """The lines of an open text file; a byte that is not UTF-8 is an error naming the file and
-    the line."""
-    lineno = 0
-    try:
-        for lineno, line in enumerate(f, 1):
-            yield line
-    except UnicodeDecodeError as e:
-        raise WorkloadError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason}, byte {e.object[e.start]:#04x})") from None
+    """The lines of a file opened in binary, decoded one by one so that a byte that is not UTF-8
+    is an error naming the file and its line; a byte-order mark is dropped."""
+    for lineno, raw in enumerate(f, 1):
+        try:
+            yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise WorkloadError(f"{path}:{lineno}: not UTF-8 text ({e.reason}, byte {raw[e.start]:#04x})") from None
 
 
 def _too_many(path: Path, where: str) -> WorkloadError:
@@ -118,7 +117,7 @@ def load_azure(path: str | Path) -> list[WorkloadItem]:
     path = Path(path)
     required = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     rows = []
-    with _open(path, newline="") as f:
+    with _open(path) as f:
         reader = csv.reader(_lines(f, path))
         try:
             _azure_rows(reader, path, required, rows)

@@ -588,6 +588,10 @@ def build_workload(
                 spec = spec.model_copy(update={"seed": seed})
             description = f"synthetic workload from {path.name}"
             params["spec"] = spec.model_dump(mode="json")
+            if max_requests is not None and max_requests < spec.num_requests:
+                # arrivals only grow and each attribute has its own stream: the first k requests
+                # of a spec are those of the same spec with k requests, so make no more
+                spec = spec.model_copy(update={"num_requests": max_requests})
             items = generate(spec, namespace=name)
         else:
             description = f"trace {path.name}"
