@@ -26,15 +26,16 @@ class SamplingParams(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # types are strict (a bool is not an int, "1" is not a number); lists still make tuples
 
-    max_new_tokens: Annotated[int, Field(ge=1)] = 16
-    temperature: Annotated[float, Field(ge=0.0)] = 1.0
-    top_k: Annotated[int | None, Field(ge=0)] = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    n: Annotated[int, Field(ge=1)] = 1
+    max_new_tokens: Annotated[int, Field(ge=1, strict=True)] = 16
+    temperature: Annotated[float, Field(ge=0.0, strict=True, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int | None, Field(ge=0, strict=True)] = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True)] = 1.0
+    seed: Annotated[int | None, Field(strict=True)] = None
+    stop_token_ids: tuple[Annotated[int, Field(strict=True)], ...] = ()
+    ignore_eos: Annotated[bool, Field(strict=True)] = False
+    n: Annotated[int, Field(ge=1, strict=True)] = 1
 
 
 class Request(BaseModel):
@@ -51,14 +52,14 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    request_id: str = Field(default_factory=_next_id, min_length=1)
-    tenant: str = Field(default="default", min_length=1)
-    priority: int = 0
-    arrival_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-    prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    expected_output_tokens: Annotated[int, Field(ge=0)] | None = None
-    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-    cache_salt: str | None = None
+    request_id: str = Field(default_factory=_next_id, min_length=1, strict=True)
+    tenant: str = Field(default="default", min_length=1, strict=True)
+    priority: int = Field(default=0, strict=True)
+    arrival_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
+    prompt_token_ids: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
+    expected_output_tokens: Annotated[int | None, Field(ge=0, strict=True)] = None
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
+    cache_salt: str | None = Field(default=None, strict=True)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
     @model_validator(mode="after")

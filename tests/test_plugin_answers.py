@@ -393,3 +393,23 @@ def test_an_arrival_time_that_is_not_a_finite_time_is_refused(t):
     engine = make_engine()
     with pytest.raises(ValidationError, match="arrival_time"):
         engine.add_request(request("x", 4, arrival_time=t))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("priority", "1"), ("priority", True), ("tenant", 5), ("arrival_time", "0"),
+    ("sampling.max_new_tokens", True), ("sampling.ignore_eos", "false"), ("sampling.n", 2.0),
+    ("sampling.temperature", math.inf),
+])
+def test_request_types_are_strict(field, value):
+    from pydantic import ValidationError
+
+    data = request("x", 4)
+    top, _, sub = field.partition(".")
+    if sub:
+        data[top] = {**data[top], sub: value}
+    else:
+        data[top] = value
+    engine = make_engine()
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        engine.add_request(data)
+    assert not engine.has_unfinished()
