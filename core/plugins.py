@@ -103,6 +103,10 @@ def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, A
     return name, target
 
 
+HOOK_NAMES = tuple(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT}_spec"))
+"""Every hook `core/hookspecs.py` specifies."""
+
+
 def plugin_name(target: Any, spec: str) -> str:
     """A plugin's name: its `name` attribute when that is a non-empty string, else the spec."""
     name = getattr(target, "name", None)
@@ -115,7 +119,7 @@ def has_hooks(target: Any) -> bool:
     if not (inspect.ismodule(target) or inspect.isclass(target) or _is_instance(target)):
         return False
     marker = f"{hookspecs.PROJECT}_impl"
-    for hook in (*hookspecs.DECISION_HOOKS, *hookspecs.OBSERVER_HOOKS, *hookspecs.EDGE_HOOKS):
+    for hook in HOOK_NAMES:
         try:
             fn = inspect.getattr_static(target, hook)
         except AttributeError:
@@ -308,10 +312,9 @@ class _Relay:
     `PluginError` is raised once all have been called (so no other plugin misses the event)."""
 
     def __init__(self, relay: Any, errors: list[PluginError]) -> None:
-        for name in (*hookspecs.DECISION_HOOKS, *hookspecs.EDGE_HOOKS):
-            setattr(self, name, getattr(relay, name))
-        for name in hookspecs.OBSERVER_HOOKS:
-            setattr(self, name, _delivered(getattr(relay, name), errors))
+        for name in HOOK_NAMES:
+            hook = getattr(relay, name)
+            setattr(self, name, _delivered(hook, errors) if name in hookspecs.OBSERVER_HOOKS else hook)
 
 
 def _delivered(caller: Any, errors: list[PluginError]) -> Any:
