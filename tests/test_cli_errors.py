@@ -285,3 +285,20 @@ def test_scales_that_overflow_are_refused(small):
         build_workload(small, rate_scale=1e-309)  # 0.5 / 1e-309 is above the largest float
     with pytest.raises(WorkloadError, match=f"length_scale 1e\\+07: a length of 12 tokens would become 1.2e\\+08, above the limit of {MAX_ITEM_TOKENS}"):
         build_workload(small, length_scale=1e7)
+
+
+def test_a_token_rate_of_1e_minus_300_runs(tmp_path, small):
+    config = config_file(tmp_path, """
+        plugins = ["tenant_quota"]
+        [plugin_options.tenant_quota]
+        default_token_rate = 1e-300
+    """)
+    doc_path = tmp_path / "doc.json"
+    code, out, err = run_cli(["run", "--workload", small, "--config", config, "--json", str(doc_path)])
+    assert (code, err) == (0, "")
+    doc = json.loads(doc_path.read_text())
+    # a bucket starts full (one second of its rate: 1e-300 tokens) and a prompt longer than the
+    # burst passes a full bucket: each tenant's one request runs; the generated tokens drive the
+    # buckets to about -5 tokens, so a next admission would wait ~5e300 s
+    assert doc["summary"]["completed"] == 2
+    assert len(doc["fairness"]["windows"]) <= 2 * 2 + 8 + 2
