@@ -4,14 +4,13 @@ plugin that gave the answer (not the one that consumed it) and the hook.
 The plugin layer (`PluginManager`) applies `check_answer` to every implementation's answer, wrappers
 included, so a bad answer is caught where it is given. Checks that need the engine's state (a
 victim that is not running, a token list of the wrong length, a share above the budget) stay where
-the answer is used; the helpers here (`check_tokens`, `split_problem`) are for those places.
+the answer is used; the helpers here (`tokens_problem`, `split_problem`) are for those places.
 
 Cheap by design: a type test per answer and, for `admission`, one `isinstance` per candidate pulled.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,11 +115,6 @@ def _estimate_output_tokens(plugin: str, answer: Any) -> Any:
     if not _is_int(answer) or answer < 0:
         raise PluginError(plugin, "estimate_output_tokens", f"expected an int >= 0, got {_describe(answer)}")
     return answer
-
-
-def finite_number(x: Any) -> bool:
-    """An int or float (not a bool) that is finite."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 CHECKS = {
