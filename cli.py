@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
+
+from .core.config import ConfigError
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
@@ -17,6 +20,24 @@ RUN_KEYS = (
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 """The shipped ordering policies: what `metroline compare` compares by default."""
+
+
+FLAGS = {"max_num_batched_tokens": "--max-batched-tokens", "enable_prefix_caching": "--no-prefix-sharing",
+         "plugins": "--plugin", "cost_params": "--cost-param", "preemption_mode": "--preemption"}
+"""Config keys whose flag is not `--` + the key with dashes."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in metroline's one-line style."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("argument "):
+            message = message[len("argument "):]
+        self.exit(2, f"metroline: error: {message} (see {self.prog} --help)\n")
+
+
+def _flag(key: str) -> str:
+    return FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def _engine_flags(p: argparse.ArgumentParser) -> None:
@@ -71,7 +92,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metroline", description=__doc__)
+    parser = _Parser(prog="metroline", description=__doc__)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     _engine_flags(run)
@@ -114,14 +135,21 @@ def _parse_value(text: str) -> Any:
 
 
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """Merge defaults, the `--config` file and the flags into (EngineConfig, run options)."""
-    from .core.config import EngineConfig, load_config_file, preset_fields
+    """Merge defaults, the `--config` file and the flags into (EngineConfig, run options).
+    A bad value raises `ValueError` naming the file or the flag and the key."""
+    from .core.config import EngineConfig, RunOptions, load_config_file, preset_fields
+    from .core.diagnostics import validation_message
 
     fields: dict[str, Any] = {}
     run: dict[str, Any] = {}
-    if args.config:
+    origin: dict[str, str] = {}  # key -> the file or the flag it came from
+    source = str(args.config) if getattr(args, "config", None) else "config"
+    if getattr(args, "config", None):
         data = load_config_file(args.config)
-        run.update(data.pop("run", {}) or {})
+        table = data.pop("run", {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: run: must be a table of run options (valid: {', '.join(RUN_KEYS)})")
+        run.update(table)
         data.pop("serve", None)  # the server's table (metroline serve)
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
@@ -129,31 +157,66 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         value = getattr(args, key, None)
         if value is not None:
             fields[key] = value
+            origin[key] = _flag(key)
     if getattr(args, "plugin", None):
-        fields["plugins"] = [*fields.get("plugins", []), *args.plugin]
+        listed = fields.get("plugins", [])
+        if not isinstance(listed, list):
+            raise ConfigError(f"{source}: plugins: must be a list of plugin specs, got {listed!r:.60}")
+        fields["plugins"] = [*listed, *args.plugin]
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
+        origin["enable_prefix_caching"] = _flag("enable_prefix_caching")
     if fields.get("preset") is not None:
         preset_fields(fields["preset"])  # an unknown preset: one line naming the valid ones
-    if fields.get("preemption_mode") == "swap" and not fields.get("swap_space_blocks"):
+    if fields.get("preemption_mode") == "swap" and "swap_space_blocks" not in fields:
+        # swap needs host blocks: as many as the device pool unless given (an explicit 0 is refused)
         fields["swap_space_blocks"] = fields.get("num_blocks", EngineConfig.model_fields["num_blocks"].default)
-    unknown = set(run) - set(RUN_KEYS)
-    if unknown:
-        raise ValueError(f"{args.config}: unknown key(s) in [run]: {', '.join(sorted(unknown))}; valid: {', '.join(RUN_KEYS)}")
+        origin["swap_space_blocks"] = origin.get("num_blocks", source)
     for key in RUN_KEYS:
         value = getattr(args, key, None)
         if value is not None:
             run[key] = value
-    params = dict(run.get("cost_params") or {})
+            origin[key] = _flag(key)
+    params = run.get("cost_params") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{source}: run: cost_params: must be a table of cost model parameters, got {params!r:.60}")
+    params = dict(params)
     for item in getattr(args, "cost_param", None) or ():
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--cost-param {item!r}: expected KEY=VALUE")
+        if not sep or not key:
+            raise ConfigError(f"--cost-param: {item!r}: expected KEY=VALUE")
         params[key] = _parse_value(value)
-    if run.get("step_time") is not None:
-        params["step_time"] = run["step_time"]
+        origin["cost_params"] = _flag("cost_params")
     run["cost_params"] = params
-    return EngineConfig.model_validate(fields), run
+
+    def where(key: str) -> str:
+        return origin.get(key, source)
+
+    try:
+        options = RunOptions.model_validate(run).model_dump()
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, lambda k: where(k) if k in origin else f"{source}: run", RunOptions)) from None
+    if options["step_time"] is not None:
+        options["cost_params"]["step_time"] = options["step_time"]
+    try:
+        config = EngineConfig.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, where, EngineConfig)) from None
+    return config, options
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse, before a run, an output file whose folder does not exist (a typo in a path would
+    otherwise be found only after the run, or silently create a folder)."""
+    for flag in ("json", "requests_csv", "steps_csv"):
+        path = getattr(args, flag, None)
+        if path is None:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            raise ConfigError(f"--{flag.replace('_', '-')}: {path}: the folder {parent} does not exist")
+        if Path(path).is_dir():
+            raise ConfigError(f"--{flag.replace('_', '-')}: {path} is a folder, not a file")
 
 
 def make_executor(run: dict[str, Any]) -> Any:
@@ -222,6 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .core.runner import run_workload
 
     config, run, executor = _prepare(args)
+    check_output_paths(args)
     workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
     vocab = getattr(executor, "vocab_size", None)
     writer = None
@@ -255,6 +319,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     config, run = resolve_options(args)
     user_fields = _user_fields(args, config)
+    check_output_paths(args)
     workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
@@ -320,15 +385,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for key in ("model", "host", "port", "max_waiting", "ramp_s"):
         if getattr(args, key, None) is not None:
             table[key] = getattr(args, key)
+    if table.get("model") is None and run.get("model") is not None:
+        table["model"] = run["model"]
     serve_config = ServeConfig.model_validate(table)
-    if run.get("executor", "sim") == "sim":
+    if (run.get("executor") or "sim") == "sim":
         from .executors.realtime import RealtimeExecutor
 
-        executor = RealtimeExecutor(make_executor(run))
+        # --model only names what /v1/models lists: the stand-in tokens come from no model
+        sim = {k: v for k, v in run.items() if k not in ("model", "dtype", "device", "kv_memory_gb")}
+        executor = RealtimeExecutor(make_executor(sim))
     else:
-        from .executors.registry import make_executor as make_named  # the torch executor (issue 9)
-
-        executor = make_named(run["executor"], model=serve_config.model)
+        run.setdefault("model", serve_config.model)
+        executor = make_executor(run)
+        config = fit_config(config, executor, _user_fields(args, config))
     print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
     serve(make_engine(config, executor), serve_config)
     return 0
@@ -342,13 +411,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads,
                 "serve": cmd_serve}
-    from .core.errors import PluginError
+    from .core.diagnostics import validation_message
+    from .core.errors import NoProgressError, PluginError
 
     try:
         return commands[args.command or "run"](args)
-    except (ValidationError, ValueError, PluginError, OSError) as exc:
-        print(f"metroline: error: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        message = validation_message(exc, lambda key: exc.title)
+    except (ValueError, PluginError, NoProgressError, OSError) as exc:
+        message = str(exc)
+    except MemoryError:
+        message = "out of memory (lower the workload size or the pool)"
+    except RecursionError:
+        message = "input nested too deeply"
+    except Exception as exc:  # a bug, not the input's fault: still one line, and says so
+        message = f"internal error {type(exc).__name__}: {exc} (please report it with the command line)"
+    print(f"metroline: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PreemptionMode = Literal["recompute", "swap"]
 AdmissionGate = Literal["full_prompt", "first_chunk"]
@@ -28,6 +29,16 @@ def preset_fields(name: str) -> dict[str, Any]:
     if not isinstance(name, str) or name not in table:
         raise ValueError(f"unknown preset {name!r}; valid: {', '.join(sorted(table))}")
     return {k: v for k, v in table[name].items() if k != "description"}
+
+MAX_BLOCKS = 1 << 22
+"""The most KV blocks (device pool or host swap space) a config may ask for: the pool's
+bookkeeping takes about 75 bytes a block, so this bounds it to about 300 MB."""
+MAX_TOKENS = 1 << 24
+"""The most tokens a length limit may name (max_model_len, the step budget): 16M."""
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or parsed; the message names the file (and the line)."""
 
 
 class EngineConfig(BaseModel):
@@ -60,19 +71,23 @@ class EngineConfig(BaseModel):
       "share" one.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
+
+    Types are strict (a bool is not an int, the string "false" is not a bool); the pool sizes are
+    at most `MAX_BLOCKS` and the token limits at most `MAX_TOKENS`, checked before anything is
+    allocated.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
     block_size: int = Field(default=16, ge=1, le=1024)
-    num_blocks: int = Field(default=8192, ge=1)
-    max_num_seqs: int = Field(default=256, ge=1)
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
-    max_prefill_chunk: int | None = Field(default=None, ge=1)
-    max_model_len: int = Field(default=32768, ge=2)
+    num_blocks: int = Field(default=8192, ge=1, le=MAX_BLOCKS)
+    max_num_seqs: int = Field(default=256, ge=1, le=MAX_BLOCKS)
+    max_num_batched_tokens: int = Field(default=2048, ge=1, le=MAX_TOKENS)
+    max_prefill_chunk: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_model_len: int = Field(default=32768, ge=2, le=MAX_TOKENS)
     enable_prefix_caching: bool = True
     preemption_mode: PreemptionMode = "recompute"
-    swap_space_blocks: int = Field(default=0, ge=0)
+    swap_space_blocks: int = Field(default=0, ge=0, le=MAX_BLOCKS)
     policy: str = "fcfs"
     plugins: list[str] = Field(default_factory=list)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -122,11 +137,67 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     plugin's options.
     """
     path = Path(path)
-    text = path.read_text()
-    if path.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
-        data = tomllib.loads(text)
+    text = read_text(path, "config file")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a table of config fields")
+        raise ConfigError(f"{path}: the top level must be a table of config fields, got {type(data).__name__}")
     return data
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of a UTF-8 file (a byte-order mark is dropped); errors name the file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what}: {e.strerror or e}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
+
+
+class RunOptions(BaseModel):
+    """The `[run]` table of a config file and the run flags of `metroline run` / `compare`.
+
+    Strict types, as `EngineConfig`; numbers are finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    workload: str = "chat"
+    executor: str = Field(default="sim", min_length=1)  # sim, torch, an entry point or a dotted path
+    cost_model: Literal["steps", "linear", "roofline", "calibrated"] = "steps"
+    step_time: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    cost_params: dict[str, Any] = Field(default_factory=dict)
+    rate_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    length_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    max_requests: int | None = Field(default=None, ge=1)
+    groups: int | None = Field(default=None, ge=1)
+    oracle_lengths: bool = False
+    traces_dir: str | None = None
+    window: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    # a real executor's (`--executor torch`)
+    model: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    kv_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("cost_params")
+    @classmethod
+    def _scalars(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for key, value in params.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value}")
+            if not isinstance(value, (str, int, float, bool)):
+                raise ValueError(f"{key} must be a string, number or boolean, got {value!r:.60}")
+        return params

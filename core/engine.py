@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -9,11 +10,13 @@ from pydantic import ValidationError
 
 from ..kv_backends.block_pool import BlockPool
 from .config import EngineConfig
+from .answers import tokens_problem
 from .detokenizer import Detokenizer
-from .errors import NoProgressError
+from .errors import NoProgressError, PluginError, RequestRefused
 from .metrics import MetricsCollector
 from .plugins import PluginManager
-from .request import Request, engine_limit_problem
+from .request import Request, engine_limit_problem, length_problem
+from . import recovery
 from .scheduler import Scheduler
 from .sequence import FinishReason, SeqState, Sequence
 
@@ -114,6 +117,7 @@ class Engine:
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra)
+        self._check_request = self.plugins.has_impls("check_request")
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
         self.metrics = MetricsCollector(config.max_num_seqs)
@@ -121,12 +125,15 @@ class Engine:
         self.retain_finished = retain_finished
         self._arrivals = 0
         self._parallel_sampling = False  # a request with n > 1 arrived: check for forks when sampling
+        self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
+        self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
         self.last_plan_empty = False
         self._validation_context = {
             "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
             "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer is not None,
         }
         vocab = getattr(executor, "vocab_size", None)
+        self._vocab_size = vocab if isinstance(vocab, int) else None
         if vocab is not None:
             self._validation_context["vocab_size"] = vocab
         model_len = getattr(executor, "max_model_len", None)
@@ -145,19 +152,45 @@ class Engine:
         return Request.model_validate(request, context=self._validation_context)
 
     def add_request(self, request: Request | dict[str, Any]) -> str:
-        """Queue a request; returns its id. An invalid request raises `ValidationError` and leaves
-        the engine untouched."""
+        """Queue a request; returns its id. An invalid request raises `ValidationError`, one that
+        a plugin says could never run (the `check_request` hook) raises `RequestRefused`; either
+        leaves the engine untouched.
+
+        A request whose `arrival_time` lies ahead of the engine's clock waits until the clock gets
+        there (`stream` and `run` move an idle clock to it) before the policies hear of it."""
         req = self.validate(request)
         if req.request_id in self._requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
-        arrival = req.arrival_time if req.arrival_time is not None else self.executor.now()
+        now = self.executor.now()
+        arrival = req.arrival_time if req.arrival_time is not None else now
         seq = Sequence.from_request(req, arrival, self._arrivals)
+        if self._check_request:
+            reason = self.plugins.refusal(self.scheduler.ctx, seq)
+            if reason is not None:
+                raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
         self._arrivals += 1
         if req.sampling.n > 1:
             self._parallel_sampling = True
         self._requests[req.request_id] = [seq]
-        self.scheduler.add(seq)
+        if arrival > now:
+            heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))
+        else:
+            self._add(seq)
         return req.request_id
+
+    def _release_arrivals(self, now: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= now:
+            self._add(heapq.heappop(pending)[2])
+
+    def _add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+        self._arrived.append(seq)
+
+    def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
+        """Why a request of these lengths could never run on this engine, or None: the check of
+        `add_request` that needs no tokens, so a caller can refuse a huge prompt before making it."""
+        return length_problem(prompt_len, max_new_tokens, n, self._validation_context)
 
     def reject(self, request: Any, error: ValidationError | Exception) -> None:
         """Record a request that failed validation (it counts as `rejected` in the metrics)."""
@@ -176,11 +209,15 @@ class Engine:
             return False
         now = self.executor.now()
         for seq in seqs:
+            if any(p[2] is seq for p in self._pending):  # not arrived yet: it arrives, cancelled
+                self._pending = [p for p in self._pending if p[2] is not seq]
+                heapq.heapify(self._pending)
+                self._add(seq)
             self.scheduler.finish(seq, FinishReason.CANCELLED, now)
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return bool(self._pending) or self.scheduler.has_work()
 
     def sequences(self, request_id: str) -> list[Sequence]:
         """The sequences of a request (one, or `n` for parallel sampling)."""
@@ -193,7 +230,10 @@ class Engine:
     # --- the loop ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step: reap, schedule, execute, sample, append. Returns what it produced."""
+        """Run one step: reap, schedule, execute, sample, append. Returns what it produced.
+
+        A `PluginError` ends the step's requests as failed (their blocks freed) before it is
+        raised, so the engine may be stepped again (see `core/recovery.py`)."""
         outputs: list[RequestOutput] = []
         self._step(outputs)
         return outputs
@@ -208,7 +248,15 @@ class Engine:
         if outputs is not None:
             outputs.extend(RequestOutput(s, [], True) for s in ended)
         now = self.executor.now()
-        plan = scheduler.schedule(now)
+        if self._pending:
+            self._release_arrivals(now)
+        arrived, self._arrived = self._arrived, []
+        try:
+            plan = scheduler.schedule(now)
+        except PluginError as exc:
+            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
+            self._reap_after(exc, recovery.in_flight(live, arrived), now)
+            raise
         self.last_plan_empty = plan.is_empty
         if self.last_plan_empty:
             return
@@ -225,15 +273,38 @@ class Engine:
                 outputs.extend(RequestOutput(s, [], True) for s in ended)
             return
         scheduler.commit(plan)
-        self._sample(plan, result.logits, result.time, outputs)
+        try:
+            self._sample(plan, result.logits, result.time, outputs)
+        except PluginError as exc:
+            self._record_step(plan, result.time, now)
+            self._reap_after(exc, recovery.of_plan(plan), result.time)
+            raise
         self._record_step(plan, result.time, now)
         hook = scheduler.hook.on_step_end
         if hook.get_hookimpls():
-            hook(ctx=scheduler.ctx, plan=plan)
+            try:
+                hook(ctx=scheduler.ctx, plan=plan)
+            except PluginError as exc:
+                self._reap_after(exc, recovery.of_plan(plan), result.time)
+                raise
         self._reap()  # those that just finished were reported with their last token
 
+    def _reap_after(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> None:
+        """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now."""
+        recovery.fail(self.scheduler, seqs, now, f"PluginError: {error}")
+        self._reap()
+
     def _reap(self) -> list[Sequence]:
-        ended = self.scheduler.reap()
+        ending = recovery.ending(self.scheduler)
+        try:
+            ended = self.scheduler.reap()
+        except PluginError:
+            self._forget(ending)  # they were freed; only an on_finished observer failed
+            raise
+        self._forget(ended)
+        return ended
+
+    def _forget(self, ended: list[Sequence]) -> None:
         for seq in ended:
             self.metrics.record_finished(seq)
         if not self.retain_finished:
@@ -242,7 +313,6 @@ class Engine:
                 heads = requests.get(seq.request_id)
                 if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
                     del requests[seq.request_id]
-        return ended
 
     def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
         seqs = plan.sample_seqs
@@ -253,9 +323,9 @@ class Engine:
             seqs, logits = self._fork(seqs, logits)
         eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
         tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits, eos_token_id=eos)
-        if not isinstance(tokens, list) or len(tokens) != len(seqs):
-            got = len(tokens) if isinstance(tokens, list) else type(tokens).__name__
-            raise self.plugins.invalid("sample", f"expected a list of {len(seqs)} token ids, got {got}")
+        problem = tokens_problem(tokens, len(seqs), self._vocab_size)
+        if problem is not None:
+            raise self.plugins.invalid("sample", problem)
         for seq, tok in zip(seqs, tokens):
             token_ids = seq.token_ids
             token_ids.append(tok)
@@ -343,7 +413,8 @@ class Engine:
         """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
         asked to be woken up (`ctx.wake_at`) and `next_arrival`, when either lies ahead."""
         now = self.executor.now()
-        ahead = [t for t in (self.scheduler.ctx.wakeup, next_arrival) if t is not None and t > now]
+        pending = self._pending[0][0] if self._pending else None
+        ahead = [t for t in (self.scheduler.ctx.wakeup, next_arrival, pending) if t is not None and t > now]
         if ahead:
             self.executor.idle_until(min(ahead))
 

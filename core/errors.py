@@ -20,3 +20,8 @@ class PluginLoadError(ValueError):
 class NoProgressError(RuntimeError):
     """The engine has requests but its plugins schedule nothing, and nothing will change that (no
     arrival is pending and no plugin asked to be woken up later)."""
+
+
+class RequestRefused(ValueError):
+    """A request that could never run under the engine's plugins (see the `check_request` hook);
+    it is refused at `Engine.add_request`, as an invalid request is."""

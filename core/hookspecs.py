@@ -14,6 +14,21 @@ sequence that changed state in the step in one call. An invalid answer (a victim
 running, a budget above the total, a token row of the wrong length, ...) or an exception raised by a
 plugin stops the engine with a `PluginError` that names the plugin and the hook.
 
+Answers are checked where they are given (`core/answers.py`): the wrong type (admission yielding
+something that is not a `Sequence`, a `Split` of floats or NaN, a token id that is not an int in
+`[0, vocab_size)`, a negative estimate, ...) is a `PluginError` naming the plugin that answered,
+wrappers included; an exception raised by a `wrapper=True` implementation names the wrapper.
+
+Recovery (an engine used again after a `PluginError`): the error leaves the engine consistent, and
+the requests of the step it interrupted end as `failed` with their blocks freed: those scheduled,
+admitted or preempted in the step, the arrivals when `on_arrival` failed and the samples forked
+in it. An observer hook is delivered to every implementation even when one raises (the first
+error is raised after all ran), so only the plugin that raised misses the event: a policy that
+raised in `on_arrival`, `on_admitted` or `on_preempted` is the one that could lose track of a
+request, and those requests are the ones failed; missing `on_tokens`, `on_finished` or
+`on_step_end` cannot leave a request waiting for ever in the shipped plugins (they keep counters
+there, not queues), and the step's requests are failed all the same.
+
 `ctx` is the `StepContext` of the engine: `ctx.now`, `ctx.step`, `ctx.config`, `ctx.running`,
 `ctx.num_waiting`, `ctx.num_free_blocks()`, ... (see `core/context.py`).
 """
@@ -136,6 +151,22 @@ def estimate_output_tokens(ctx: StepContext, seq: Sequence) -> int | None:
     """
 
 
+# --- at the edge: once per request, outside the step ------------------------------------------
+
+
+@hookspec
+def check_request(ctx: StepContext, seq: Sequence) -> str | None:
+    """Why `seq` could never run under this plugin's limits, or None.
+
+    Called by `Engine.add_request` for each new request before it is queued (its `Sequence`, not
+    yet waiting). A plugin with a per-request limit (a tenant's running cap below the request's
+    `sampling.n`, ...) returns a one-line reason; the request is then refused (`RequestRefused`,
+    recorded as `rejected` by the workload replay) instead of waiting for ever. Every plugin is
+    asked; the first reason is reported, prefixed with the plugin's name. A plugin that raises or
+    answers something else than a string or None is a `PluginError`.
+    """
+
+
 # --- observers: state for policies; return values are ignored -----------------------------------
 
 
@@ -175,3 +206,4 @@ DECISION_HOOKS = (
 OBSERVER_HOOKS = (
     "on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end",
 )
+EDGE_HOOKS = ("check_request",)

@@ -11,8 +11,8 @@ Times are seconds on the engine's clock (virtual in the simulator, wall clock on
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from operator import sub
-from bisect import bisect_left, bisect_right
 from enum import Enum
 from typing import Any, Iterable, NamedTuple
 
@@ -378,11 +378,6 @@ def _summarize_groups(
 # Fairness
 
 
-def _window_index(bounds: list[float], t: float) -> int:
-    """The window that holds time `t`: the last `k` with `bounds[k] <= t`, clamped to the windows."""
-    return min(max(bisect_right(bounds, t) - 1, 0), len(bounds) - 2)
-
-
 def _jain(xs: list[float]) -> float | None:
     total, squares = math.fsum(xs), math.fsum(x * x for x in xs)
     return total * total / (len(xs) * squares) if squares > 0 else None
@@ -426,6 +421,12 @@ def fairness(
     "max_service_gap"}`: per-window dicts map every tenant with a non-rejected request to its
     figure, tenants sorted by name; the last three are over the windows that have a value (None
     when none has).
+
+    Windows are listed sparsely, in time order: those in which a tenant was served or a request
+    started or stopped waiting. A window left out had tenants only waiting, or nothing at all: no
+    one was served, so it has no Jain's index and a gap of 0 (which `max_service_gap` counts when
+    a tenant waited there). So memory and time follow the records, not the run's span over
+    `window_s` (two requests a day apart with 1 ms windows make a handful of windows).
     """
     if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
         raise ValueError(f"window_s must be a number > 0, got {window_s!r}")
@@ -446,38 +447,66 @@ def fairness(
         return doc
     start = min(r.arrival_s for r in served)
     end = max(r.finish_s for r in served)
-    n = max(1, math.ceil((end - start) / window_s))
-    bounds = [start + k * window_s for k in range(n + 1)]
+    ratio = (end - start) / window_s
+    if not math.isfinite(ratio):
+        raise ValueError(f"window_s {window_s!r}: the run's span of {end - start!r} s holds too many windows")
+    n = max(1, math.ceil(ratio))
+
+    def index(t: float) -> int:
+        """The window of time `t`: the last k with start + k * window_s <= t, within [0, n)."""
+        k = min(max(int((t - start) / window_s), 0), n - 1)
+        # the division may round across a boundary: one step fixes it (where a window is finer
+        # than a float's resolution at `t`, boundaries are only as exact as the floats)
+        if k + 1 < n and start + (k + 1) * window_s <= t:
+            k += 1
+        elif k > 0 and start + k * window_s > t:
+            k -= 1
+        return k
+
     tenants = sorted({r.tenant for r in served})
-    inputs = [dict.fromkeys(tenants, 0) for _ in range(n)]
-    outputs = [dict.fromkeys(tenants, 0) for _ in range(n)]
-    backlogged: list[set[str]] = [set() for _ in range(n)]
+    # only windows where something happens are kept (memory follows the records, not the span)
+    inputs: dict[int, dict[str, int]] = {}
+    outputs: dict[int, dict[str, int]] = {}
+    waits: list[tuple[int, int, str]] = []  # (first, last window) a tenant had a request waiting
+
+    def add(table: dict[int, dict[str, int]], k: int, tenant: str, x: int) -> None:
+        row = table.get(k)
+        if row is None:
+            row = table[k] = dict.fromkeys(tenants, 0)
+        row[tenant] += x
 
     for r in served:
         tenant = r.tenant
         admitted = r.first_scheduled_s if r.first_scheduled_s is not None else r.finish_s
-        for k in range(_window_index(bounds, r.arrival_s), _window_index(bounds, admitted) + 1):
-            backlogged[k].add(tenant)
+        waits.append((index(r.arrival_s), index(admitted), tenant))
         if r.first_token_s is not None:
-            inputs[_window_index(bounds, r.first_token_s)][tenant] += r.prompt_tokens - r.cached_prompt_tokens
+            add(inputs, index(r.first_token_s), tenant, r.prompt_tokens - r.cached_prompt_tokens)
         tt = r.token_times
         if not tt:
             continue
-        first, last = _window_index(bounds, tt[0]), _window_index(bounds, tt[-1])
+        first, last = index(tt[0]), index(tt[-1])
         if first == last:
-            outputs[first][tenant] += len(tt)
-            continue
-        lo = 0
-        for k in range(first, last):
-            hi = bisect_left(tt, bounds[k + 1], lo)
-            outputs[k][tenant] += hi - lo
-            lo = hi
-        outputs[last][tenant] += len(tt) - lo
+            add(outputs, first, tenant, len(tt))
+        elif last - first > len(tt):  # sparse tokens over many windows: place each token
+            for t in tt:
+                add(outputs, index(t), tenant, 1)
+        else:
+            lo = 0
+            for k in range(first, last):
+                hi = bisect_left(tt, start + (k + 1) * window_s, lo)
+                if hi > lo:
+                    add(outputs, k, tenant, hi - lo)
+                lo = hi
+            add(outputs, last, tenant, len(tt) - lo)
 
+    keys = sorted({*inputs, *outputs, *(w[0] for w in waits), *(w[1] for w in waits)})
+    backlogged = _backlogged(keys, waits)
     windows, jains, gaps = [], [], []
-    for k in range(n):
-        service = {t: w_in * inputs[k][t] + w_out * outputs[k][t] for t in tenants}
-        active = sorted(backlogged[k])
+    zeros = dict.fromkeys(tenants, 0)
+    for k in keys:
+        ins, outs = inputs.get(k, zeros), outputs.get(k, zeros)
+        service = {t: w_in * ins[t] + w_out * outs[t] for t in tenants}
+        active = backlogged[k]
         xs = [service[t] / weights.get(t, 1.0) for t in active]
         jain = _jain(xs) if xs else None
         gap = max(xs) - min(xs) if xs else None
@@ -486,10 +515,12 @@ def fairness(
         if gap is not None:
             gaps.append(gap)
         windows.append({
-            "start_s": bounds[k], "end_s": min(bounds[k + 1], end) if k == n - 1 else bounds[k + 1],
-            "input": inputs[k], "output": outputs[k], "service": service, "backlogged": active,
+            "start_s": start + k * window_s, "end_s": min(start + (k + 1) * window_s, end) if k == n - 1 else start + (k + 1) * window_s,
+            "input": dict(ins), "output": dict(outs), "service": service, "backlogged": active,
             "jain": jain, "max_service_gap": gap,
         })
+    if _windows_waited(waits) > sum(1 for k in keys if backlogged[k]):
+        gaps.append(0.0)  # a window left out where tenants only waited: nobody served, gap 0
     doc.update(
         windows=windows,
         min_jain=min(jains) if jains else None,
@@ -497,6 +528,36 @@ def fairness(
         max_service_gap=max(gaps) if gaps else None,
     )
     return doc
+
+
+def _backlogged(keys: list[int], waits: list[tuple[int, int, str]]) -> dict[int, list[str]]:
+    """For each window of `keys` (sorted), the tenants (sorted) with a wait that covers it."""
+    by_start = sorted(waits)
+    by_end = sorted(waits, key=lambda w: w[1])
+    active: dict[str, int] = {}
+    i = j = 0
+    result = {}
+    for k in keys:
+        while i < len(by_start) and by_start[i][0] <= k:
+            t = by_start[i][2]
+            active[t] = active.get(t, 0) + 1
+            i += 1
+        while j < len(by_end) and by_end[j][1] < k:
+            t = by_end[j][2]
+            active[t] -= 1
+            j += 1
+        result[k] = sorted(t for t, c in active.items() if c > 0)
+    return result
+
+
+def _windows_waited(waits: list[tuple[int, int, str]]) -> int:
+    """How many windows some tenant waited in (the size of the union of the waits)."""
+    total, reach = 0, -1
+    for a, b, _ in sorted(waits):
+        if b > reach:
+            total += b - max(a, reach + 1) + 1
+            reach = b
+    return total
 
 
 def _jsonable(value: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import answers, hookspecs
 from .config import EngineConfig
 from .errors import PluginError, PluginLoadError
 
@@ -59,9 +59,9 @@ def resolve(spec: str) -> Any:
         if ep.name == spec:
             try:
                 return ep.load()
-            except Exception as exc:
+            except Exception as exc:  # anything the module raises at import (SyntaxError too)
                 raise PluginLoadError(f"plugin {spec!r}: entry point {ep.value!r} failed to load: {exc}") from exc
-    if "." in spec or ":" in spec:
+    if ("." in spec or ":" in spec) and all(p.isidentifier() for p in spec.replace(":", ".").split(".")):
         return _import_dotted(spec, spec)
     known = sorted(set(SHIPPED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
     raise PluginLoadError(f"unknown plugin {spec!r}; known: {', '.join(known)}; or give a dotted path pkg.mod:Obj")
@@ -73,6 +73,8 @@ def _import_dotted(path: str, spec: str) -> Any:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
         raise PluginLoadError(f"plugin {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:  # the module raised while importing (SyntaxError included)
+        raise PluginLoadError(f"plugin {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)
@@ -83,15 +85,67 @@ def _import_dotted(path: str, spec: str) -> Any:
 
 def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, Any]:
     """Build the plugin object from what `resolve` found; return (name, plugin)."""
-    name = getattr(target, "name", None) or spec
+    name = plugin_name(target, spec)
+    if not has_hooks(target):
+        raise PluginLoadError(
+            f"plugin {spec!r}: {_kind(target)} has no metroline hook (valid: a module, class or object "
+            "with @hookimpl methods named like the hooks of metroline.core.hookspecs)"
+        )
     if inspect.isclass(target):
         try:
             return name, target(**options)
         except (TypeError, ValueError) as exc:
             raise PluginLoadError(f"plugin {name!r}: bad options {options!r}: {exc}") from exc
+        except Exception as exc:
+            raise PluginLoadError(f"plugin {name!r}: __init__ raised {type(exc).__name__}: {exc}") from exc
     if options:
         raise PluginLoadError(f"plugin {name!r} is not a class and takes no options (got {options!r})")
     return name, target
+
+
+HOOK_NAMES = tuple(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT}_spec"))
+"""Every hook `core/hookspecs.py` specifies."""
+
+
+def plugin_name(target: Any, spec: str) -> str:
+    """A plugin's name: its `name` attribute when that is a non-empty string, else the spec."""
+    name = getattr(target, "name", None)
+    return name if isinstance(name, str) and name else spec
+
+
+def has_hooks(target: Any) -> bool:
+    """Whether `target` (a module, class or instance) has at least one `@hookimpl` named like a
+    metroline hook: what makes it a plugin rather than any importable object."""
+    if not (inspect.ismodule(target) or inspect.isclass(target) or _is_instance(target)):
+        return False
+    marker = f"{hookspecs.PROJECT}_impl"
+    for hook in HOOK_NAMES:
+        try:
+            fn = inspect.getattr_static(target, hook)
+        except AttributeError:
+            continue
+        fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
+        if hasattr(fn, marker):
+            return True
+    return False
+
+
+def _is_instance(target: Any) -> bool:
+    """An instance of a user class (not a function, a builtin value or a module)."""
+    return not (
+        inspect.isroutine(target) or isinstance(target, (int, float, str, bytes, bool, list, tuple, dict, set))
+        or target is None
+    )
+
+
+def _kind(target: Any) -> str:
+    if inspect.ismodule(target):
+        return f"module {target.__name__!r}"
+    if inspect.isclass(target):
+        return f"class {target.__qualname__!r}"
+    if inspect.isroutine(target):
+        return f"function {getattr(target, '__qualname__', target)!r}"
+    return f"{type(target).__name__} {target!r:.60}"
 
 
 class PluginManager:
@@ -108,15 +162,25 @@ class PluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._answerer: dict[str, str] = {}
+        self._observer_errors: list[PluginError] = []
         self._register(DEFAULTS_NAME, DefaultPolicy())
+        known = set()
         for spec in [config.policy, *config.plugins]:
             target = resolve(spec)
-            name = getattr(target, "name", None) or spec
+            name = plugin_name(target, spec)
+            known.update((name, spec))
             options = config.plugin_options.get(name) or config.plugin_options.get(spec) or {}
             self.add(*instantiate(spec, target, options))
         for plugin in extra or ():
-            self.add(getattr(plugin, "name", None) or type(plugin).__name__, plugin)
-        self.hook = self._pm.hook
+            name = plugin_name(plugin, type(plugin).__name__)
+            known.add(name)
+            self.add(name, plugin)
+        stray = sorted(set(config.plugin_options) - known)
+        if stray:
+            raise PluginLoadError(
+                f"plugin_options.{stray[0]}: no plugin {stray[0]!r} is loaded (loaded: {', '.join(sorted(known))})"
+            )
+        self.hook = _Relay(self._pm.hook, self._observer_errors)
 
     def add(self, name: str, plugin: Any) -> None:
         """Register a plugin object under `name` (it takes precedence over earlier ones)."""
@@ -134,23 +198,54 @@ class PluginManager:
             raise PluginLoadError(f"plugin {name!r}: {exc}") from exc
         for impl in self._pm.get_hookcallers(plugin) or ():
             for hook_impl in impl.get_hookimpls():
-                if hook_impl.plugin is plugin and not (hook_impl.wrapper or hook_impl.hookwrapper):
+                if hook_impl.plugin is not plugin:
+                    continue
+                if hook_impl.wrapper or hook_impl.hookwrapper:
+                    hook_impl.function = self._attributed_wrapper(hook_impl.function, name, impl.name, hook_impl.wrapper)
+                else:
                     hook_impl.function = self._attributed(hook_impl.function, name, impl.name)
 
     def _attributed(self, fn: Any, plugin: str, hook: str) -> Any:
         answerer = self._answerer
+        check = answers.CHECKS.get(hook)
         decision = hook in hookspecs.DECISION_HOOKS
+        deferred = self._observer_errors if hook in hookspecs.OBSERVER_HOOKS else None
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
             try:
                 result = fn(*args, **kwargs)
+            except PluginError as exc:
+                err = exc
+            except Exception as exc:
+                err = PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+            else:
+                if decision and result is not None:
+                    answerer[hook] = plugin
+                    if check is not None:
+                        return check(plugin, result)
+                return result
+            if deferred is None:
+                raise err
+            deferred.append(err)  # the other observers still hear of the event; raised after them
+            return None
+
+        return call
+
+    def _attributed_wrapper(self, fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
+        check = answers.CHECKS.get(hook) if new_style else None
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = yield from fn(*args, **kwargs)
             except PluginError:
                 raise
             except Exception as exc:
-                raise PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}") from exc
-            if decision and result is not None:
-                answerer[hook] = plugin
+                raise PluginError(plugin, hook, f"wrapper raised {type(exc).__name__}: {exc}") from exc
+            if check is not None and result is not None:
+                return check(plugin, result)
             return result
 
         return call
@@ -176,6 +271,23 @@ class PluginManager:
             plugin = f"{plugin} (through wrapper {', '.join(wrappers)})"
         return PluginError(plugin, hook, problem)
 
+    def refusal(self, ctx: Any, seq: Any) -> str | None:
+        """The first reason a plugin gives (`check_request`) why `seq` could never run, prefixed
+        with the plugin's name; None when every plugin accepts it."""
+        for impl in reversed(self._pm.hook.check_request.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            args = {"ctx": ctx, "seq": seq}
+            reason = impl.function(*[args[a] for a in impl.argnames])
+            if reason is None:
+                continue
+            if not isinstance(reason, str) or not reason.strip():
+                raise PluginError(
+                    impl.plugin_name, "check_request", f"expected a reason (a non-empty string) or None, got {reason!r:.80}"
+                )
+            return f"{impl.plugin_name}: {reason}"
+        return None
+
     def has_impls(self, hook: str) -> bool:
         return bool(getattr(self._pm.hook, hook).get_hookimpls())
 
@@ -192,3 +304,27 @@ class PluginManager:
 
     def get(self, name: str) -> Any:
         return self._pm.get_plugin(name)
+
+
+class _Relay:
+    """The hook relay the engine calls (`plugins.hook.admission(ctx=...)`): pluggy's, except that
+    an observer hook is delivered to every implementation even when one raises; the first
+    `PluginError` is raised once all have been called (so no other plugin misses the event)."""
+
+    def __init__(self, relay: Any, errors: list[PluginError]) -> None:
+        for name in HOOK_NAMES:
+            hook = getattr(relay, name)
+            setattr(self, name, _delivered(hook, errors) if name in hookspecs.OBSERVER_HOOKS else hook)
+
+
+def _delivered(caller: Any, errors: list[PluginError]) -> Any:
+    def call(**kwargs: Any) -> Any:
+        result = caller(**kwargs)
+        if errors:
+            first = errors[0]
+            errors.clear()
+            raise first
+        return result
+
+    call.get_hookimpls = caller.get_hookimpls  # the engine skips an observer nobody implements
+    return call

@@ -37,21 +37,22 @@ class SamplingParams(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # types are strict (a bool is not an int, "1" is not a number); lists still make tuples
 
-    max_new_tokens: Annotated[int, Field(ge=1)] = 16
-    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
-    top_k: Annotated[int | None, Field(ge=0)] = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1.0
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    seed: int | None = None
-    stop: tuple[Annotated[str, Field(min_length=1)], ...] = ()
-    stop_token_ids: tuple[Annotated[int, Field(ge=0)], ...] = ()
-    ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    n: Annotated[int, Field(ge=1)] = 1
+    max_new_tokens: Annotated[int, Field(ge=1, strict=True)] = 16
+    temperature: Annotated[float, Field(ge=0.0, strict=True, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int | None, Field(ge=0, strict=True)] = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True)] = 1.0
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, strict=True)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, strict=True, allow_inf_nan=False)] = 1.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True)] = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True)] = 0.0
+    seed: Annotated[int | None, Field(strict=True)] = None
+    stop: tuple[Annotated[str, Field(min_length=1, strict=True)], ...] = ()
+    stop_token_ids: tuple[Annotated[int, Field(ge=0, strict=True)], ...] = ()
+    ignore_eos: Annotated[bool, Field(strict=True)] = False
+    min_tokens: Annotated[int, Field(ge=0, strict=True)] = 0
+    n: Annotated[int, Field(ge=1, strict=True)] = 1
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -86,14 +87,14 @@ class Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    request_id: str = Field(default_factory=_next_id, min_length=1)
-    tenant: str = Field(default="default", min_length=1)
-    priority: int = 0
-    arrival_time: float | None = Field(default=None, ge=0.0)
-    prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    expected_output_tokens: Annotated[int, Field(ge=0)] | None = None
-    deadline: float | None = Field(default=None, ge=0.0)
-    cache_salt: str | None = None
+    request_id: str = Field(default_factory=_next_id, min_length=1, strict=True)
+    tenant: str = Field(default="default", min_length=1, strict=True)
+    priority: int = Field(default=0, strict=True)
+    arrival_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
+    prompt_token_ids: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
+    expected_output_tokens: Annotated[int | None, Field(ge=0, strict=True)] = None
+    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
+    cache_salt: str | None = Field(default=None, strict=True)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
     @model_validator(mode="after")
@@ -110,12 +111,26 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
     if not context:
         return None
     prompt = request.prompt_token_ids
-    total = len(prompt) + request.sampling.max_new_tokens
+    problem = length_problem(len(prompt), request.sampling.max_new_tokens, request.sampling.n, context)
+    if problem is not None:
+        return problem
+    if request.sampling.stop and context.get("tokenizer") is False:
+        return "sampling.stop: stop strings need a tokenizer and this engine's executor has none"
+    vocab = context.get("vocab_size")
+    if vocab is not None and max(prompt) >= vocab:
+        return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"
+    return None
+
+
+def length_problem(prompt_len: int, max_new_tokens: int, n: int, context: dict) -> str | None:
+    """What makes a request of these lengths unfit for an engine whose limits are in `context`
+    (see `engine_limit_problem`), or None; cheap enough to check before a prompt is made."""
+    total = prompt_len + max_new_tokens
     max_len = context.get("max_model_len")
     if max_len is not None and total > max_len:
         return (
-            f"prompt_token_ids ({len(prompt)} tokens) + sampling.max_new_tokens "
-            f"({request.sampling.max_new_tokens}) = {total} exceeds max_model_len={max_len}"
+            f"prompt_token_ids ({prompt_len} tokens) + sampling.max_new_tokens "
+            f"({max_new_tokens}) = {total} exceeds max_model_len={max_len}"
         )
     max_tokens = context.get("max_kv_tokens")
     if max_tokens is not None and total > max_tokens:
@@ -124,14 +139,6 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
             f"(num_blocks * block_size = {max_tokens})"
         )
     max_seqs = context.get("max_num_seqs")
-    if max_seqs is not None and request.sampling.n > max_seqs:
-        return (
-            f"sampling.n ({request.sampling.n}) exceeds max_num_seqs={max_seqs}: "
-            "its samples could never run together"
-        )
-    if request.sampling.stop and context.get("tokenizer") is False:
-        return "sampling.stop: stop strings need a tokenizer and this engine's executor has none"
-    vocab = context.get("vocab_size")
-    if vocab is not None and max(prompt) >= vocab:
-        return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"
+    if max_seqs is not None and n > max_seqs:
+        return f"sampling.n ({n}) exceeds max_num_seqs={max_seqs}: its samples could never run together"
     return None

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from .config import EngineConfig
 from .engine import Engine
-from .errors import NoProgressError, PluginError
+from .errors import NoProgressError, PluginError, RequestRefused
 from .metrics import result_document
 from .report import ProgressBar, ProgressBoard
 from .workloads import Workload
@@ -119,10 +119,17 @@ def _replay_loop(
     while True:
         now = executor.now()
         while i < total and items[i].arrival_s <= now:
-            data = items[i].request_data(str(i), vocab_size=vocab_size, oracle=oracle_lengths)
+            item = items[i]
+            problem = engine.length_problem(item.prompt_len, item.output_len)
+            if problem is not None:  # refused before its prompt is made
+                engine.reject({"request_id": str(i), "tenant": item.tenant, "priority": item.priority,
+                               "arrival_time": item.arrival_s, "prompt_token_ids": range(item.prompt_len)}, problem)
+                i += 1
+                continue
+            data = item.request_data(str(i), vocab_size=vocab_size, oracle=oracle_lengths)
             try:
                 engine.add_request(data)
-            except ValidationError as exc:
+            except (ValidationError, RequestRefused) as exc:
                 engine.reject(data, exc)
             i += 1
         if not engine.has_unfinished():

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .workloads import WorkloadError, WorkloadItem
+from .workloads import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, WorkloadItem
 
 MOONCAKE_BLOCK = 512
 
@@ -38,16 +39,16 @@ class AzureRow(TraceRow):
     """One row of an Azure CSV trace."""
 
     arrived_at: float = Field(ge=0, allow_inf_nan=False, description="a number of seconds >= 0")
-    num_prefill_tokens: int = Field(ge=1, description="an integer >= 1")
-    num_decode_tokens: int = Field(ge=1, description="an integer >= 1")
+    num_prefill_tokens: int = Field(ge=1, le=MAX_ITEM_TOKENS, description=f"an integer in [1, {MAX_ITEM_TOKENS}]")
+    num_decode_tokens: int = Field(ge=1, le=MAX_ITEM_TOKENS, description=f"an integer in [1, {MAX_ITEM_TOKENS}]")
 
 
 class MooncakeRow(TraceRow):
     """One line of a Mooncake JSONL trace."""
 
     timestamp: float = Field(ge=0, allow_inf_nan=False, description="a number of milliseconds >= 0")
-    input_length: int = Field(ge=1, description="an integer >= 1")
-    output_length: int = Field(ge=1, description="an integer >= 1")
+    input_length: int = Field(ge=1, le=MAX_ITEM_TOKENS, description=f"an integer in [1, {MAX_ITEM_TOKENS}]")
+    output_length: int = Field(ge=1, le=MAX_ITEM_TOKENS, description=f"an integer in [1, {MAX_ITEM_TOKENS}]")
     hash_ids: list[int] = Field(description="a list of integer block ids")
 
     @field_validator("hash_ids")
@@ -74,7 +75,7 @@ def _row_error(where: str, kind: str, model: type[TraceRow], err: ValidationErro
             detail = "missing"
         elif e["type"] == "value_error":
             detail = str(e["ctx"]["error"])
-        elif len(loc) > 1:
+        elif len(loc) > 1 or loc[0] not in model.model_fields:
             detail = f"{e['msg'][0].lower()}{e['msg'][1:]}, got {e['input']!r}"
         else:
             detail = f"expected {model.model_fields[loc[0]].description}, got {e['input']!r}"
@@ -82,15 +83,31 @@ def _row_error(where: str, kind: str, model: type[TraceRow], err: ValidationErro
     return WorkloadError(f"{where}: " + "; ".join(parts))
 
 
-def _open(path: Path, **kwargs):
+def _open(path: Path):
     try:
-        return path.open(**kwargs)
+        return path.open("rb")
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read trace: {e.strerror}") from None
 
 
+def _lines(f, path: Path):
+    """The lines of a file opened in binary, decoded one by one so that a byte that is not UTF-8
+    is an error naming the file and its line; a byte-order mark is dropped."""
+    for lineno, raw in enumerate(f, 1):
+        try:
+            yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise WorkloadError(f"{path}:{lineno}: not UTF-8 text ({e.reason}, byte {raw[e.start]:#04x})") from None
+
+
+def _too_many(path: Path, where: str) -> WorkloadError:
+    return WorkloadError(f"{where}: more than {MAX_REQUESTS} requests (the limit of a workload)")
+
+
 def _finish(rows: list[tuple[float, tuple, int, str, int]]) -> list[WorkloadItem]:
     start = min(r[0] for r in rows)
+    if not math.isfinite(max(r[0] for r in rows) - start):
+        raise WorkloadError("arrival times span more than a float can hold")
     rows.sort(key=lambda r: r[0])
     return [WorkloadItem(t - start, segs, out, tenant, prio) for t, segs, out, tenant, prio in rows]
 
@@ -100,35 +117,50 @@ def load_azure(path: str | Path) -> list[WorkloadItem]:
     path = Path(path)
     required = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
     rows = []
-    with _open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = [c.strip() for c in next(reader, [])]
-        for col in required:
-            if col not in header:
-                raise WorkloadError(f"{path}:1: missing column {col} (header: {','.join(header) or 'empty'})")
-        columns = [c if c in AzureRow.model_fields else None for c in header]
-        for values in reader:
-            if not values:
-                continue
-            where = f"{path}:{reader.line_num}"
-            if len(values) < len(header):
-                raise WorkloadError(f"{where}: column {header[len(values)]}: missing")
-            if len(values) > len(header):
-                raise WorkloadError(f"{where}: {len(values)} fields, the header has {len(header)}")
-            data = {}
-            for col, value in zip(columns, values):
-                value = value.strip()
-                if col is not None and (value or col in required):
-                    data[col] = value
-            try:
-                row = AzureRow.model_validate(data)
-            except ValidationError as e:
-                raise _row_error(where, "column", AzureRow, e) from None
-            segments = ((("azure", path.stem, len(rows)), row.num_prefill_tokens),)
-            rows.append((row.arrived_at, segments, row.num_decode_tokens, row.tenant, row.priority))
+    with _open(path) as f:
+        reader = csv.reader(_lines(f, path))
+        try:
+            _azure_rows(reader, path, required, rows)
+        except csv.Error as e:
+            raise WorkloadError(f"{path}:{reader.line_num}: malformed CSV: {e}") from None
     if not rows:
         raise WorkloadError(f"{path}: no requests")
     return _finish(rows)
+
+
+def _azure_rows(reader, path: Path, required: tuple[str, ...], rows: list) -> None:
+    """Parse the rows of an Azure CSV into `rows`."""
+    header = [c.strip() for c in next(reader, [])]
+    seen = set()
+    for col in header:
+        if col in seen and col:
+            raise WorkloadError(f"{path}:1: column {col} appears twice (header: {','.join(header)})")
+        seen.add(col)
+    for col in required:
+        if col not in header:
+            raise WorkloadError(f"{path}:1: missing column {col} (header: {','.join(header) or 'empty'})")
+    columns = [c if c in AzureRow.model_fields else None for c in header]
+    for values in reader:
+        if not values:
+            continue
+        where = f"{path}:{reader.line_num}"
+        if len(rows) >= MAX_REQUESTS:
+            raise _too_many(path, where)
+        if len(values) < len(header):
+            raise WorkloadError(f"{where}: column {header[len(values)]}: missing")
+        if len(values) > len(header):
+            raise WorkloadError(f"{where}: {len(values)} fields, the header has {len(header)}")
+        data = {}
+        for col, value in zip(columns, values):
+            value = value.strip()
+            if col is not None and (value or col in required):
+                data[col] = value
+        try:
+            row = AzureRow.model_validate(data)
+        except ValidationError as e:
+            raise _row_error(where, "column", AzureRow, e) from None
+        segments = ((("azure", path.stem, len(rows)), row.num_prefill_tokens),)
+        rows.append((row.arrived_at, segments, row.num_decode_tokens, row.tenant, row.priority))
 
 
 def load_mooncake(path: str | Path) -> list[WorkloadItem]:
@@ -136,14 +168,18 @@ def load_mooncake(path: str | Path) -> list[WorkloadItem]:
     path = Path(path)
     rows = []
     with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
+            if len(rows) >= MAX_REQUESTS:
+                raise _too_many(path, where)
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as e:
                 raise WorkloadError(f"{where}: malformed JSON: {e}") from None
+            except RecursionError:
+                raise WorkloadError(f"{where}: malformed JSON: nested too deeply") from None
             try:
                 row = MooncakeRow.model_validate(data, strict=True)
             except ValidationError as e:

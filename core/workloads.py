@@ -41,6 +41,13 @@ class WorkloadError(ValueError):
     """A workload could not be built: bad spec, bad trace row, unknown name or missing file."""
 
 
+MAX_REQUESTS = 1_000_000
+"""The most requests a workload may hold (a spec's `num_requests`, mixed-64's groups x 64, a
+trace's rows): about 200 bytes each before their prompts are made, so at most a few hundred MB."""
+MAX_ITEM_TOKENS = 1 << 24
+"""The most prompt or output tokens one request may have (16M), checked before a prompt is made."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Token streams
 
@@ -175,7 +182,7 @@ class FixedLength(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     dist: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_ITEM_TOKENS)
 
     def sample(self, rng: random.Random) -> int:
         return self.value
@@ -186,8 +193,8 @@ class UniformLength(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     dist: Literal["uniform"]
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: int = Field(ge=1, le=MAX_ITEM_TOKENS)
+    high: int = Field(ge=1, le=MAX_ITEM_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> UniformLength:
@@ -208,10 +215,10 @@ class LognormalLength(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     dist: Literal["lognormal"]
-    mean: float = Field(gt=0, allow_inf_nan=False)
-    sigma: float = Field(ge=0, allow_inf_nan=False)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    mean: float = Field(gt=0, le=MAX_ITEM_TOKENS, allow_inf_nan=False)
+    sigma: float = Field(ge=0, le=10, allow_inf_nan=False)
+    min: int = Field(default=1, ge=1, le=MAX_ITEM_TOKENS)
+    max: int | None = Field(default=None, ge=1, le=MAX_ITEM_TOKENS)
 
     @model_validator(mode="after")
     def _ordered(self) -> LognormalLength:
@@ -220,9 +227,9 @@ class LognormalLength(BaseModel):
         return self
 
     def sample(self, rng: random.Random) -> int:
-        x = round(rng.lognormvariate(math.log(self.mean) - self.sigma**2 / 2, self.sigma))
-        x = max(self.min, x)
-        return x if self.max is None else min(self.max, x)
+        high = MAX_ITEM_TOKENS if self.max is None else self.max
+        x = rng.lognormvariate(math.log(self.mean) - self.sigma**2 / 2, self.sigma)
+        return max(self.min, min(high, round(x))) if x < high else high
 
 
 def _int_is_fixed(v: Any) -> Any:
@@ -245,7 +252,8 @@ def _normalised(shares: dict, what: str) -> dict:
     return {k: v / total for k, v in shares.items()}
 
 
-Share = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_SHARE = 1e12
+Share = Annotated[float, Field(ge=0, le=MAX_SHARE, allow_inf_nan=False)]
 
 
 class SyntheticSpec(BaseModel):
@@ -264,7 +272,7 @@ class SyntheticSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_requests: int = Field(ge=1)
+    num_requests: int = Field(ge=1, le=MAX_REQUESTS)
     rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     arrival: Literal["poisson", "gamma"] = "poisson"
     burstiness: float = Field(default=1.0, gt=0, allow_inf_nan=False)
@@ -276,7 +284,7 @@ class SyntheticSpec(BaseModel):
     priorities: dict[int, Share] = Field(default_factory=lambda: {0: 1.0})
     shared_prefix_len: int = Field(default=0, ge=0)
     num_prefixes: int = Field(default=1, ge=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=-(2**63), lt=2**63)
 
     @field_validator("tenants")
     @classmethod
@@ -316,6 +324,8 @@ def generate(spec: SyntheticSpec, *, namespace: str = "synthetic") -> list[Workl
             else:
                 t += r.gammavariate(spec.burstiness, 1.0 / (spec.rate * spec.burstiness))
             arrivals[i] = t
+        if not math.isfinite(t):
+            raise WorkloadError(f"rate {spec.rate!r}: arrivals overflow the clock (give a larger rate)")
     r_prompt, r_out = rng("prompt_len"), rng("output_len")
     prompts = [spec.prompt_len.sample(r_prompt) for _ in range(n)]
     outputs = [spec.output_len.sample(r_out) for _ in range(n)]
@@ -344,11 +354,18 @@ def _validation_lines(err: ValidationError) -> str:
 
 def load_spec(path: str | Path) -> SyntheticSpec:
     """Read a `SyntheticSpec` from a TOML or JSON file; errors name the file and the field."""
+    from .config import ConfigError, read_text
+
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_text(path, "workload spec")
+    except ConfigError as e:
+        raise WorkloadError(str(e)) from None
+    try:
         data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    except (OSError, ValueError) as e:
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
         raise WorkloadError(f"{path}: cannot read workload spec: {e}") from None
     try:
         return SyntheticSpec.model_validate(data)
@@ -480,6 +497,15 @@ def scale_items(
     length multiplied by `length_scale` (rounded, at least 1), so shared prefixes stay shared."""
     if rate_scale == 1.0 and length_scale == 1.0:
         return list(items)
+    longest = max((max(it.output_len, *(n for _, n in it.segments)) for it in items), default=0)
+    if longest * length_scale > MAX_ITEM_TOKENS:
+        raise WorkloadError(
+            f"length_scale {length_scale:g}: a length of {longest} tokens would become "
+            f"{longest * length_scale:.4g}, above the limit of {MAX_ITEM_TOKENS}"
+        )
+    latest = max((it.arrival_s for it in items), default=0.0)
+    if not math.isfinite(latest / rate_scale):
+        raise WorkloadError(f"rate_scale {rate_scale:g}: the arrival at {latest:g} s overflows the clock")
 
     def scaled(n: int) -> int:
         return max(1, round(n * length_scale))
@@ -525,8 +551,8 @@ def build_workload(
         raise WorkloadError(f"max_requests must be >= 1, got {max_requests}")
     if groups is not None and source != "mixed-64":
         raise WorkloadError(f"groups applies to the mixed-64 workload only, not {source!r}")
-    if groups is not None and groups < 1:
-        raise WorkloadError(f"groups must be >= 1, got {groups}")
+    if groups is not None and not 1 <= groups <= MAX_REQUESTS // 64:
+        raise WorkloadError(f"groups must be in [1, {MAX_REQUESTS // 64}] (64 requests each), got {groups}")
 
     params: dict[str, Any] = {"source": source}
     builders: dict[str, Callable[[int], list[WorkloadItem]]] = {
@@ -568,6 +594,10 @@ def build_workload(
                 spec = spec.model_copy(update={"seed": seed})
             description = f"synthetic workload from {path.name}"
             params["spec"] = spec.model_dump(mode="json")
+            if max_requests is not None and max_requests < spec.num_requests:
+                # arrivals only grow and each attribute has its own stream: the first k requests
+                # of a spec are those of the same spec with k requests, so make no more
+                spec = spec.model_copy(update={"num_requests": max_requests})
             items = generate(spec, namespace=name)
         else:
             description = f"trace {path.name}"

@@ -197,6 +197,14 @@ class TenantQuota:
 
     # --- hooks -----------------------------------------------------------------------------------
 
+    @hookimpl
+    def check_request(self, seq: Sequence) -> str | None:
+        """A request whose `n` samples exceed its tenant's running cap could never be admitted."""
+        cap = self.cap(seq.tenant)
+        if cap is not None and seq.sampling.n > cap:
+            return f"sampling.n ({seq.sampling.n}) exceeds the running cap of tenant {seq.tenant!r} ({cap})"
+        return None
+
     @hookimpl(wrapper=True)
     def admission(self, ctx: StepContext) -> Generator[None, Any, Candidates | None]:
         answer = yield

@@ -55,7 +55,7 @@ class AdmissionLog:
 
 
 def run(workload, policy="prefix_aware", options=None, observers=(), **config):
-    cfg = EngineConfig(policy=policy, max_num_seqs=MAX_SEQS, plugin_options={"prefix_aware": options or {}}, **config)
+    cfg = EngineConfig(policy=policy, max_num_seqs=MAX_SEQS, plugin_options={"prefix_aware": options or {}} if policy == "prefix_aware" else {}, **config)
     return run_workload(workload, cfg, SimulatedExecutor(make_cost_model("steps", step_time=STEP)),
                         plugins=list(observers))
 

@@ -66,7 +66,8 @@ class DecodeLog:
 
 
 def run(workload, plugins=("slo_classes",), options=CLASSES, observers=(), **config):
-    cfg = EngineConfig(plugins=list(plugins), plugin_options={"slo_classes": dict(options)}, **config)
+    loaded = "slo_classes" in plugins  # options for a plugin that is not loaded are an error
+    cfg = EngineConfig(plugins=list(plugins), plugin_options={"slo_classes": dict(options)} if loaded else {}, **config)
     return run_workload(workload, cfg, SimulatedExecutor(make_cost_model("steps")), plugins=list(observers))
 
 
