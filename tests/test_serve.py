@@ -444,3 +444,30 @@ def test_sigterm_drains_the_streams_in_flight_then_exits():
             proc.wait(5)
     status, text, reason = got["result"]
     assert (status, len(text.split()), reason) == (200, 200, "length")  # drained, not cut
+
+
+class LongPromptRefusal:
+    """Says a prompt over 20 tokens could never run (a `check_request` verdict)."""
+
+    name = "long_prompt_refusal"
+
+    from metroline.core.hookspecs import hookimpl
+
+    @hookimpl
+    def check_request(self, seq):
+        return f"prompt of {seq.num_prompt_tokens} tokens over 20" if seq.num_prompt_tokens > 20 else None
+
+
+def test_a_plugins_never_runs_verdict_answers_400_at_once():
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(), executor, plugins=[LongPromptRefusal()])
+    with ServerThread(engine, ServeConfig()) as srv:
+        url = srv.url + "/v1/completions"
+        r = httpx.post(url, json={"prompt": list(range(1, 22)), "max_tokens": 2})
+        ok = httpx.post(url, json={"prompt": list(range(1, 21)), "max_tokens": 2})
+        m = metrics(srv.url)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "this request can never run: long_prompt_refusal: prompt of 21 tokens over 20")
+    assert ok.status_code == 200
+    assert m[("metroline_rejections_total", (("reason", "refused"), ("tenant", "default")))] == 1

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from ..async_engine import AsyncEngine, Rejected, RequestStream
 from ..engine import Engine
 from ..request import Request, SamplingParams
-from ..sequence import FinishReason
+from ..sequence import FinishReason, Sequence
 from . import protocol as p
 from .metrics import ServerMetrics
 from .tenants import ServeConfig, Tenants, quota_retry_after
@@ -49,6 +49,7 @@ class Server:
         self.serve = serve
         self.tenants = Tenants(serve)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(engine.executor)
+        self._checks = engine.plugins.has_impls("check_request")
         self.metrics = ServerMetrics(engine.config.max_num_seqs, engine.config.max_num_batched_tokens)
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
@@ -122,6 +123,13 @@ class Server:
                 param = "max_tokens"
             raise self._refuse(tenant, "invalid", 400, msg.replace("sampling.max_new_tokens", "max_tokens"),
                                "invalid_request_error", param)
+        if self._checks:
+            # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
+            # rather than a failure once queued (Engine.add_request asks the same question)
+            reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, Sequence.from_request(request, now, 0))
+            if reason is not None:
+                raise self._refuse(tenant, "refused", 400, f"this request can never run: {reason}",
+                                   "invalid_request_error")
         wait = quota_retry_after(self.engine, tenant, len(prompt))
         if wait is not None:
             raise self._refuse(tenant, "quota", 429, f"tenant {tenant!r} is over its token-rate quota",
