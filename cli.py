@@ -294,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run"]
     args = parser.parse_args(argv)
     commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads}
-    from .core.errors import PluginError
+    from .core.errors import NoProgressError, PluginError
 
     try:
         return commands[args.command or "run"](args)
-    except (ValidationError, ValueError, PluginError, OSError) as exc:
+    except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
         print(f"metroline: error: {exc}", file=sys.stderr)
         return 2
 
