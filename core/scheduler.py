@@ -283,6 +283,7 @@ class Scheduler:
             if state is _WAITING:
                 if seq not in self.waiting:
                     raise self.plugins.invalid("admission", f"{seq!r} is not in this engine's waiting queue")
+                self._offered = True
                 if self._prefill_left <= 0 or self._prefills_left <= 0:
                     return
                 admitted = self._admit_waiting(seq, plan, max_chunk)
