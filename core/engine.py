@@ -212,7 +212,8 @@ class Engine:
             self._record_step(plan, now, now)
             outputs.extend(RequestOutput(s, [], True) for s in self._reap())
             return outputs
-        self.last_step_progressed = scheduler.commit(plan)
+        self.last_step_progressed = scheduler.progresses(plan)
+        scheduler.commit(plan)
         self._sample(plan, result.logits, result.time, outputs)
         self._record_step(plan, result.time, now)
         scheduler.hook.on_step_end(ctx=scheduler.ctx, plan=plan)

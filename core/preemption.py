@@ -26,10 +26,10 @@ class Preempt(NamedTuple):
 
 
 def is_protected(seq: Sequence) -> bool:
-    """Whether `seq` is protected from preemption by others (see `select_victim` in hookspecs):
-    it was preempted `PROTECT_AFTER` times in a row without computing past the most tokens it
-    ever had computed (`seq.max_computed`), and has not passed that mark since."""
-    return seq.stalls >= PROTECT_AFTER and seq.max_computed <= seq.stall_mark
+    """Whether `seq` is protected from preemption by younger requests (see `select_victim` in
+    hookspecs): it was preempted `PROTECT_AFTER` times in a row without computing past the most
+    tokens it had ever computed (its mark, `seq.stall_mark`), and has not passed the mark since."""
+    return seq.stalls >= PROTECT_AFTER and seq.num_computed_tokens <= seq.stall_mark
 
 
 def older(a: Sequence, b: Sequence) -> bool:

@@ -529,11 +529,11 @@ class Scheduler:
         del self.running[seq]
         self._fork_slots -= self._unforked(seq)
         seq.num_preemptions += 1
-        if seq.max_computed > seq.stall_mark:
-            seq.stalls = 1
-        else:
-            seq.stalls += 1
-        seq.stall_mark = seq.max_computed
+        mark = seq.num_computed_tokens
+        if mark < seq.max_computed:
+            mark = seq.max_computed
+        seq.stalls = seq.stalls + 1 if mark <= seq.stall_mark else 1
+        seq.stall_mark = seq.max_computed = mark
         host = None
         if mode == SWAP and self.swap is not None:
             host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops)
@@ -558,19 +558,24 @@ class Scheduler:
 
     # --- after the executor ran ----------------------------------------------------------------
 
-    def commit(self, plan: StepPlan) -> bool:
+    def commit(self, plan: StepPlan) -> None:
         """Advance each scheduled sequence past the tokens the step computed. (The blocks that
-        became full were indexed when they were scheduled.) True when a sequence computed past
-        the most tokens it ever had computed (progress, for the stall detector)."""
+        became full were indexed when they were scheduled.)"""
         plan.sample_seqs  # fixed before the sequences advance
-        progressed = False
         for seq, n in plan.scheduled.items():
-            computed = seq.num_computed_tokens + n
-            seq.num_computed_tokens = computed
-            if computed > seq.max_computed:
-                seq.max_computed = computed
-                progressed = True
-        return progressed
+            seq.num_computed_tokens += n
+
+    @staticmethod
+    def progresses(plan: StepPlan) -> bool:
+        """Whether `plan` (not yet committed) makes progress: it samples a token, or computes a
+        token past the most a sequence ever had computed before a preemption (`max_computed`,
+        kept at preemptions). Recomputing what a preemption lost is not progress."""
+        if plan.sample_seqs:
+            return True
+        for seq, n in plan.scheduled.items():
+            if seq.num_computed_tokens + n > seq.max_computed:
+                return True
+        return False
 
     def fork(self, parent: Sequence, n: int) -> list[Sequence]:
         """Create the `n - 1` siblings of `parent` (parallel sampling) once its prompt is
@@ -586,7 +591,7 @@ class Scheduler:
                 seq_id=f"{parent.request_id}#{i}", index=i,
             )
             child.block_table = self.pool.fork(parent.block_table)
-            child.num_computed_tokens = child.max_computed = parent.num_computed_tokens
+            child.num_computed_tokens = parent.num_computed_tokens
             child.num_cached_blocks = parent.num_cached_blocks
             child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
             child.first_scheduled_time = parent.first_scheduled_time

@@ -117,8 +117,9 @@ class Sequence:
         self.parent: Sequence | None = None
         self.children: list[Sequence] = []
         self.detok = None
-        # progress bookkeeping of the core's no-livelock rule (see `Scheduler.is_protected`):
-        # the most tokens ever computed, preemptions in a row without passing the mark, the mark
+        # progress bookkeeping of the core's no-livelock rule (`core.preemption.is_protected`),
+        # updated at preemptions: the most tokens it ever had computed, preemptions in a row
+        # without passing the previous mark, the mark
         self.max_computed = 0
         self.stalls = 0
         self.stall_mark = -1
