@@ -200,3 +200,36 @@ class NeverAdmits:
     @hookimpl
     def admission(self):
         return ()
+
+
+class OldestVictim:
+    """Always names the oldest running request as the victim, for running and waiting requesters
+    alike: younger requests displace older ones, the pattern of a livelock of mutual preemption."""
+
+    name = "oldest_victim"
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        return min(ctx.running, key=lambda s: s.arrival_no) if ctx.running else None
+
+
+def test_a_protected_request_is_not_displaced_by_a_younger_one():
+    # two requests of 24 prompt + 8 output tokens: each fits the 8 blocks of 4 alone, not together
+    engine = Engine(EngineConfig(block_size=4, num_blocks=8, max_prefill_chunk=8, max_num_batched_tokens=16,
+                                 enable_prefix_caching=False, admission_gate="first_chunk",
+                                 admit_after_preemption=True), plugins=[OldestVictim()])
+    engine.add_request(request("old", 24, max_new=8))
+    engine.add_request(request("young", 24, max_new=8))
+    seen = []
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        ctx = engine.scheduler.ctx
+        seen.extend(s.seq_id for s in (*ctx.running, *ctx.waiting) if ctx.is_protected(s))
+        steps += 1
+        assert steps <= 20 * 64, f"livelock: {engine.scheduler.total_preemptions} preemptions"
+    assert "old" in seen
+    old, young = engine.sequences("old")[0], engine.sequences("young")[0]
+    assert old.num_output_tokens == young.num_output_tokens == 8
+    assert old.finish_time < young.finish_time  # once protected, old runs to the end
+    assert_pool_drained(engine)
