@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
                          f"(default: {','.join(POLICIES)})")
+    compare.add_argument("--jobs", type=int, metavar="N",
+                         help="worker processes running the policies in parallel (default: one per core; "
+                         "1 runs them one by one here); the results do not depend on it")
     _engine_flags(compare)
     _run_flags(compare)
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
@@ -236,7 +239,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .core import report
-    from .core.runner import run_workload
+    from .core.runner import run_workloads
 
     config, run = resolve_options(args)
     user_fields = _user_fields(args, config)
@@ -244,19 +247,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
         raise ValueError("--policies: give at least one policy")
-    docs = []
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
+    configs = []
     for label in labels:
         policy, *stacked = label.split("+")
-        cfg = config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]})
-        executor = make_executor(run)
-        cfg = fit_config(cfg, executor, user_fields)
-        vocab = getattr(executor, "vocab_size", None)
-        doc, engine = run_workload(
-            workload, cfg, executor, oracle_lengths=bool(run.get("oracle_lengths")),
-            progress=args.progress, window_s=run.get("window", 60.0), **({"vocab_size": vocab} if vocab else {}),
-        )
-        engine.close()
-        docs.append(doc)
+        configs.append(config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]}))
+    executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
+    jobs, extra = args.jobs, {}
+    if getattr(executor, "kv_bytes_per_token", None):
+        # a real model: its KV geometry fits every config alike, and runs go one at a time (each
+        # one's wall-clock timings must not share the cores with another)
+        configs = [fit_config(c, executor, user_fields) for c in configs]
+        jobs, extra = 1, {"vocab_size": executor.vocab_size}
+    close = getattr(executor, "close", None)
+    if close is not None:
+        close()
+    docs = run_workloads(
+        workload, configs, lambda: make_executor(run), jobs=jobs, labels=labels,
+        oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
+        **extra,
+    )
     print(report.format_comparison_table(docs))
     if args.json:
         report.write_json(args.json, {"runs": docs})

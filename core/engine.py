@@ -120,6 +120,7 @@ class Engine:
         self._requests: dict[str, list[Sequence]] = {}
         self.retain_finished = retain_finished
         self._arrivals = 0
+        self._parallel_sampling = False  # a request with n > 1 arrived: check for forks when sampling
         self.last_plan_empty = False
         self.last_step_progressed = False
         """Whether the last step computed a token past some request's previous high-water mark
@@ -155,6 +156,8 @@ class Engine:
         arrival = req.arrival_time if req.arrival_time is not None else self.executor.now()
         seq = Sequence.from_request(req, arrival, self._arrivals)
         self._arrivals += 1
+        if req.sampling.n > 1:
+            self._parallel_sampling = True
         self._requests[req.request_id] = [seq]
         self.scheduler.add(seq)
         return req.request_id
@@ -194,14 +197,25 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one step: reap, schedule, execute, sample, append. Returns what it produced."""
+        outputs: list[RequestOutput] = []
+        self._step(outputs)
+        return outputs
+
+    def advance(self) -> None:
+        """Run one step as `step()` does, without making its outputs (a replay reads the metrics)."""
+        self._step(None)
+
+    def _step(self, outputs: list[RequestOutput] | None) -> None:
         scheduler = self.scheduler
-        outputs = [RequestOutput(s, [], True) for s in self._reap()]
+        ended = self._reap()
+        if outputs is not None:
+            outputs.extend(RequestOutput(s, [], True) for s in ended)
         now = self.executor.now()
         plan = scheduler.schedule(now)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
-        if plan.is_empty:
-            return outputs
+        if self.last_plan_empty:
+            return
         try:
             result = self.executor.execute(plan)
         except Exception as exc:
@@ -210,15 +224,18 @@ class Engine:
             for seq in (*plan.scheduled, *(s for s in plan.preempted if s.state is SeqState.SWAPPED)):
                 scheduler.finish(seq, FinishReason.FAILED, now, error)
             self._record_step(plan, now, now)
-            outputs.extend(RequestOutput(s, [], True) for s in self._reap())
-            return outputs
+            ended = self._reap()
+            if outputs is not None:
+                outputs.extend(RequestOutput(s, [], True) for s in ended)
+            return
         self.last_step_progressed = scheduler.progresses(plan)
         scheduler.commit(plan)
         self._sample(plan, result.logits, result.time, outputs)
         self._record_step(plan, result.time, now)
-        scheduler.hook.on_step_end(ctx=scheduler.ctx, plan=plan)
+        hook = scheduler.hook.on_step_end
+        if hook.get_hookimpls():
+            hook(ctx=scheduler.ctx, plan=plan)
         self._reap()  # those that just finished were reported with their last token
-        return outputs
 
     def _reap(self) -> list[Sequence]:
         ended = self.scheduler.reap()
@@ -232,49 +249,76 @@ class Engine:
                     del requests[seq.request_id]
         return ended
 
-    def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput]) -> None:
+    def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
         seqs = plan.sample_seqs
         if not seqs:
             return
         scheduler = self.scheduler
-        forked: list[Sequence] = []
-        for seq in seqs:
-            if seq.sampling.n > 1 and seq.index == 0 and not seq.children and seq.num_output_tokens == 0:
-                forked.extend(scheduler.fork(seq, seq.sampling.n))
-        if forked:
-            rows = list(range(len(seqs))) + [seqs.index(c.parent) for c in forked]
-            seqs = seqs + forked
-            if logits is not None:
-                logits = logits[rows] if hasattr(logits, "dim") else [logits[i] for i in rows]
-            scheduler.hook.on_admitted(ctx=scheduler.ctx, seqs=forked)
+        if self._parallel_sampling:
+            seqs, logits = self._fork(seqs, logits)
         eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
         tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits, eos_token_id=eos)
         if not isinstance(tokens, list) or len(tokens) != len(seqs):
             got = len(tokens) if isinstance(tokens, list) else type(tokens).__name__
             raise self.plugins.invalid("sample", f"expected a list of {len(seqs)} token ids, got {got}")
         for seq, tok in zip(seqs, tokens):
-            seq.token_ids.append(tok)
+            token_ids = seq.token_ids
+            token_ids.append(tok)
             seq.token_times.append(now)
             if seq.first_token_time is None:
-                seq.first_token_time = now
-                seq.prefill_done_time = now
+                seq.first_token_time = seq.prefill_done_time = now
             p = seq.sampling
-            reason = None
-            num_out = len(seq.token_ids) - seq.num_prompt_tokens
-            stops = num_out >= p.min_tokens  # before min_tokens, no stop condition applies
-            stop_hit = detok is not None and detok.append(seq, p.stop if stops else ())
-            if not stops:
-                pass
-            elif tok in p.stop_token_ids or stop_hit:
+            n = len(token_ids)
+            if (
+                detok is not None or n - seq.num_prompt_tokens >= p.max_new_tokens or n >= max_len
+                or tok == eos or p.stop_token_ids
+            ) and self._stop(seq, tok, now):
+                if outputs is not None:
+                    outputs.append(RequestOutput(seq, [tok], True))
+            elif outputs is not None:
+                outputs.append(RequestOutput(seq, [tok], False))
+        hook = scheduler.hook.on_tokens
+        if hook.get_hookimpls():
+            hook(ctx=scheduler.ctx, seqs=seqs)
+
+    def _stop(self, seq: Sequence, tok: int, now: float) -> bool:
+        """End `seq` if its new token `tok` stops it (stop token or string, EOS, or length); True if
+        so. Before `min_tokens` outputs only the length stops it; with a tokenizer the new token is
+        detokenised here (every token, so `seq.text` grows)."""
+        p = seq.sampling
+        num_out = seq.num_output_tokens
+        stops = num_out >= p.min_tokens
+        detok = self.detokenizer
+        stop_hit = detok is not None and detok.append(seq, p.stop if stops else ())
+        reason = None
+        if stops:
+            if tok in p.stop_token_ids or stop_hit:
                 reason = FinishReason.STOP
-            elif tok == eos and not p.ignore_eos:
+            elif tok == self.eos_token_id and not p.ignore_eos:
                 reason = FinishReason.EOS
-            if reason is None and (num_out >= p.max_new_tokens or len(seq.token_ids) >= max_len):
-                reason = FinishReason.LENGTH
-            if reason is not None:
-                scheduler.finish(seq, reason, now)
-            outputs.append(RequestOutput(seq, [tok], reason is not None))
-        scheduler.hook.on_tokens(ctx=scheduler.ctx, seqs=seqs)
+        if reason is None and (num_out >= p.max_new_tokens or len(seq.token_ids) >= self.config.max_model_len):
+            reason = FinishReason.LENGTH
+        if reason is None:
+            return False
+        self.scheduler.finish(seq, reason, now)
+        return True
+
+    def _fork(self, seqs: list[Sequence], logits: Any) -> tuple[list[Sequence], Any]:
+        """Fork the `n > 1` requests whose first token this step samples: their children join
+        `seqs`, each with its parent's row of logits."""
+        scheduler = self.scheduler
+        forked: list[Sequence] = []
+        for seq in seqs:
+            if seq.sampling.n > 1 and seq.index == 0 and not seq.children and seq.num_output_tokens == 0:
+                forked.extend(scheduler.fork(seq, seq.sampling.n))
+        if not forked:
+            return seqs, logits
+        rows = list(range(len(seqs))) + [seqs.index(c.parent) for c in forked]
+        seqs = seqs + forked
+        if logits is not None:
+            logits = logits[rows] if hasattr(logits, "dim") else [logits[i] for i in rows]
+        scheduler.hook.on_admitted(ctx=scheduler.ctx, seqs=forked)
+        return seqs, logits
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
@@ -290,7 +334,7 @@ class Engine:
         token bucket refilling), the clock moves there. Steps without progress (no request
         computed a token past its previous high-water mark: preempting and recomputing do not
         count) raise `NoProgressError`: `max_idle_steps` of them in a row when the last scheduled
-        nothing, `stall_limit(max_idle_steps)` otherwise."""
+        nothing, `max_idle_steps + num_blocks * block_size` otherwise (see `is_stalled`)."""
         idle = 0
         while self.has_unfinished():
             yield from self.step()

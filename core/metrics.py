@@ -11,6 +11,7 @@ Times are seconds on the engine's clock (virtual in the simulator, wall clock on
 from __future__ import annotations
 
 import math
+from operator import sub
 from bisect import bisect_left, bisect_right
 from enum import Enum
 from typing import Any, Iterable, NamedTuple
@@ -232,7 +233,8 @@ def _record_stats(records: list[RequestRecord], steps: list[tuple], wall_s: floa
         if r.first_scheduled_s is not None:
             queue.append(r.first_scheduled_s - r.arrival_s)
         tt = r.token_times
-        itl.extend(tt[i] - tt[i - 1] for i in range(1, len(tt)))
+        if len(tt) > 1:
+            itl.extend(map(sub, tt[1:], tt))
 
     duration = 0.0
     if records:
@@ -338,6 +340,18 @@ def summarize_by_tenant(
     return _summarize_groups(records, steps, lambda r: r.tenant, max_num_seqs, kv_peak_blocks, wall_s)
 
 
+def _summaries(
+    records: list[RequestRecord], steps: list[tuple], *, max_num_seqs: int, kv_peak_blocks: int, wall_s: float
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """`summarize`, `summarize_by_tenant` and `summarize_by_priority` of one run, each group that
+    holds every record (a run with one tenant, or one priority class) summarised only once."""
+    whole = summarize(records, steps, max_num_seqs=max_num_seqs, kv_peak_blocks=kv_peak_blocks, wall_s=wall_s)
+    args = (max_num_seqs, kv_peak_blocks, wall_s, whole)
+    tenants = _summarize_groups(records, steps, lambda r: r.tenant, *args)
+    priorities = _summarize_groups(records, steps, lambda r: r.priority, *args)
+    return whole, tenants, {str(p): summary for p, summary in priorities.items()}
+
+
 def summarize_by_priority(
     records: list[RequestRecord], steps: list[tuple], *, max_num_seqs: int, kv_peak_blocks: int, wall_s: float
 ) -> dict[str, dict[str, Any]]:
@@ -348,11 +362,14 @@ def summarize_by_priority(
 
 
 def _summarize_groups(
-    records: list[RequestRecord], steps: list[tuple], key: Any, max_num_seqs: int, kv_peak_blocks: int, wall_s: float
+    records: list[RequestRecord], steps: list[tuple], key: Any, max_num_seqs: int, kv_peak_blocks: int,
+    wall_s: float, whole: dict[str, Any] | None = None,
 ) -> dict[Any, dict[str, Any]]:
     groups: dict[Any, list[RequestRecord]] = {}
     for r in records:
         groups.setdefault(key(r), []).append(r)
+    if whole is not None and len(groups) == 1:  # the one group is every record, in order
+        return {g: whole for g in groups}
     step_stats = _step_stats(steps, max_num_seqs, kv_peak_blocks)
     return {g: _assemble(_record_stats(groups[g], steps, wall_s), step_stats) for g in sorted(groups)}
 
@@ -526,13 +543,14 @@ def result_document(
     unknown = set(sw) - {"w_in", "w_out", "weights"}
     if unknown:
         raise ValueError(f"service_weights: unknown key(s) {sorted(unknown)}; valid: w_in, w_out, weights")
+    summary, tenants, priorities = _summaries(collector.requests, collector.steps, **kw)
     return _jsonable({
         "policy": policy,
         "workload": workload,
         "executor": executor,
         "config": config,
-        "summary": summarize(collector.requests, collector.steps, **kw),
-        "tenants": summarize_by_tenant(collector.requests, collector.steps, **kw),
-        "priorities": summarize_by_priority(collector.requests, collector.steps, **kw),
+        "summary": summary,
+        "tenants": tenants,
+        "priorities": priorities,
         "fairness": fairness(collector.requests, window_s=window_s, **sw),
     })

@@ -226,7 +226,8 @@ def format_comparison_table(docs: list[dict]) -> str:
 class ProgressBar:
     """A one-line progress bar (`done/total`, percent, elapsed, ETA) redrawn in place on `stream`.
 
-    `stream` defaults to `sys.stderr` (looked up when the bar is made).
+    `stream` defaults to `sys.stderr` (looked up when the bar is made); `label` (a policy's name)
+    starts the line.
 
     `update(done)` is cheap enough to call every step: it reads the clock only every `stride`
     calls (at most `MAX_STRIDE`), adapting `stride` so that the clock is read about 20 times a
@@ -239,16 +240,13 @@ class ProgressBar:
     MAX_STRIDE = 64
     WIDTH = 30
 
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool | None = None) -> None:
+    def __init__(
+        self, total: int, stream: TextIO | None = None, enabled: bool | None = None, label: str = ""
+    ) -> None:
         self.total = total
         self.stream = sys.stderr if stream is None else stream
-        if enabled is None:
-            isatty = getattr(self.stream, "isatty", None)
-            try:
-                enabled = bool(isatty and isatty())
-            except (ValueError, OSError):
-                enabled = False
-        self.enabled = enabled
+        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
+        self.label = f"{label} " if label else ""
         self.done = 0
         self._stride = 1
         self._countdown = 1
@@ -281,7 +279,7 @@ class ProgressBar:
         elapsed = now - self._start
         eta = f"{elapsed * (1 - frac) / frac:.0f}s" if 0 < frac < 1 else "-"
         self.stream.write(
-            f"\r[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} {frac * 100:5.1f}%"
+            f"\r{self.label}[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} {frac * 100:5.1f}%"
             f"  {elapsed:.1f}s  eta {eta} "
         )
         self.stream.flush()
@@ -298,6 +296,65 @@ class ProgressBar:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):
+        return False
+
+
+class ProgressBoard:
+    """One line on `stream` (default `sys.stderr`) for several runs going on at once: each run's
+    label and share done (`fcfs 41% | srpt 38% | ...`), and the time elapsed.
+
+    `update(index, done)` with the requests done by run `index`, or `done=None` once it has
+    finished; redraws at most 10 times a second. Enabled by default only on a terminal.
+    """
+
+    MIN_INTERVAL_S = 0.1
+
+    def __init__(
+        self, labels: list[str], total: int, stream: TextIO | None = None, enabled: bool | None = None
+    ) -> None:
+        self.labels = list(labels)
+        self.total = total
+        self.stream = sys.stderr if stream is None else stream
+        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
+        self.done: list[int | None] = [0] * len(self.labels)
+        self._start = time.monotonic()
+        self._last_draw = float("-inf")
+
+    def update(self, index: int, done: int | None) -> None:
+        self.done[index] = done
+        now = time.monotonic()
+        if self.enabled and now - self._last_draw >= self.MIN_INTERVAL_S:
+            self._draw(now)
+
+    def line(self, now: float) -> str:
+        """The text of the line at time `now` (`time.monotonic()`)."""
+        cells = []
+        for label, done in zip(self.labels, self.done):
+            if done is None:
+                cells.append(f"{label} done")
+            else:
+                frac = min(1.0, done / self.total) if self.total > 0 else 1.0
+                cells.append(f"{label} {frac * 100:3.0f}%")
+        return " | ".join(cells) + f"  {now - self._start:.1f}s"
+
+    def _draw(self, now: float) -> None:
+        self._last_draw = now
+        self.stream.write("\r" + self.line(now) + " ")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Draw the final state and end the line (nothing when disabled)."""
+        if self.enabled:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 # ----------------------------------------------------------------------------------------------

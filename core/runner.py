@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from .config import EngineConfig
 from .engine import Engine
+from .errors import NoProgressError, PluginError
 from .metrics import result_document
-from .report import ProgressBar
+from .report import ProgressBar, ProgressBoard
 from .workloads import Workload
+
+
+GC_EVERY_STEPS = 20_000
+"""During a replay, the young generations of the garbage collector are collected every this many
+steps (and the automatic collector is off)."""
 
 
 def run_workload(
@@ -22,11 +32,11 @@ def run_workload(
     plugins: list[Any] | None = None,
     oracle_lengths: bool = False,
     vocab_size: int = 32000,
-    progress: bool | None = False,
+    progress: Any = False,
     window_s: float = 60.0,
 ) -> tuple[dict[str, Any], Engine]:
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
-    `metrics.result_document`) and the engine. `oracle_lengths` tells policies each request's
+    `metrics.result_document`) and the engine. `progress`: as `replay`'s. `oracle_lengths` tells policies each request's
     true output length (`expected_output_tokens`); the result says so in its `workload` field."""
     engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
     wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
@@ -66,20 +76,45 @@ def replay(
     *,
     oracle_lengths: bool = False,
     vocab_size: int = 32000,
-    progress: bool | None = False,
+    progress: Any = False,
     max_idle_steps: int = 1000,
 ) -> float:
     """Submit each request of `workload` when the engine's clock reaches its arrival and step
     until all have ended; returns the wall time it took.
 
+    `progress`: a progress bar on stderr (True; None: when stderr is a terminal), or an object
+    with `update(requests_done)` and `close()` methods.
+
     Requests that fail validation are recorded as rejected and the replay goes on. Raises
     `NoProgressError` when the plugins schedule nothing for `max_idle_steps` steps while requests
     wait and no arrival is pending.
     """
-    executor = engine.executor
     items = workload.items
-    total, i, idle = len(items), 0, 0
-    bar = ProgressBar(total, enabled=progress)
+    total = len(items)
+    bar = progress if hasattr(progress, "update") else ProgressBar(total, enabled=progress)
+    update = bar.update if getattr(bar, "enabled", True) else None
+    step, records = engine.advance, engine.metrics.requests
+    # The automatic collector's full passes walk every live object (the workload, the prefix
+    # index, the records) again and again, for garbage the step does not make (it makes no
+    # reference cycles of its own); the replay collects only the young generations, every
+    # GC_EVERY_STEPS steps, and cycles that outlived one such pass wait for the end of the replay.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    bar.close()
+    return wall
+
+
+def _replay_loop(
+    engine: Engine, items: list, total: int, step: Callable[[], None], update: Callable[[int], None] | None,
+    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int,
+) -> float:
+    executor = engine.executor
+    i, idle, gc_countdown = 0, 0, GC_EVERY_STEPS
     wall = time.perf_counter()
     while True:
         now = executor.now()
@@ -95,7 +130,11 @@ def replay(
                 break
             executor.idle_until(items[i].arrival_s)
             continue
-        engine.step()
+        step()
+        gc_countdown -= 1
+        if not gc_countdown:
+            gc.collect(1)
+            gc_countdown = GC_EVERY_STEPS
         if engine.last_step_progressed:
             idle = 0
         else:
@@ -105,6 +144,116 @@ def replay(
                 idle += 1
                 if engine.is_stalled(idle, max_idle_steps):
                     raise engine.stalled(idle)
-        bar.update(len(engine.metrics.requests))
-    bar.close()
+        if update is not None:
+            update(len(records))
     return time.perf_counter() - wall
+
+
+# ----------------------------------------------------------------------------------------------
+# Several runs of one workload, in parallel worker processes
+
+_JOB: dict[str, Any] = {}  # what forked workers inherit: the workload, the configs, the options
+
+
+def default_jobs() -> int:
+    """One worker per core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def run_workloads(
+    workload: Workload,
+    configs: list[EngineConfig],
+    make_executor: Callable[[], Any],
+    *,
+    jobs: int | None = None,
+    labels: list[str] | None = None,
+    oracle_lengths: bool = False,
+    progress: bool | None = False,
+    window_s: float = 60.0,
+    vocab_size: int | None = None,
+) -> list[dict[str, Any]]:
+    """Replay `workload` once per config (each on a new engine and a new executor from
+    `make_executor()`) and return the result documents in the order of `configs`.
+
+    `jobs` worker processes (default: one per core) run them in parallel. Each worker is a fork of
+    this process, so it replays the very workload object built here, with the same interpreter
+    state (hash seed included), and a document equals the one a run in this process gives, except
+    `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
+    `progress` shows one line with each run's share done, labelled by `labels` (default: the
+    policies)."""
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs: must be at least 1, got {jobs}")
+    labels = labels or ["+".join([c.policy, *c.plugins]) for c in configs]
+    jobs = min(jobs or default_jobs(), len(configs))
+    options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
+    if vocab_size is not None:
+        options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
+    if jobs <= 1:
+        docs = []
+        for label, config in zip(labels, configs):
+            bar = ProgressBar(len(workload.items), enabled=progress, label=label)
+            doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
+            engine.close()
+            docs.append(doc)
+        return docs
+    board = ProgressBoard(labels, len(workload.items), enabled=progress)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.SimpleQueue() if board.enabled else None
+    _JOB.update(workload=workload, configs=configs, make_executor=make_executor, options=options, queue=queue)
+    try:
+        with ctx.Pool(jobs) as pool:
+            pending = pool.map_async(_run_job, range(len(configs)), chunksize=1)
+            while not pending.ready():
+                pending.wait(0.1)
+                while queue is not None and not queue.empty():
+                    board.update(*queue.get())
+            results = pending.get()
+    finally:
+        _JOB.clear()
+        board.close()
+    docs = []
+    for label, (doc, error) in zip(labels, results):
+        if error is not None:
+            raise ValueError(f"{label}: {error}")
+        docs.append(doc)
+    return docs
+
+
+def _run_job(index: int) -> tuple[dict[str, Any] | None, str | None]:
+    """One run in a worker: (document, None), or (None, the error's message) for the errors the
+    command reports as such (the exception itself may not survive pickling)."""
+    job = _JOB
+    queue = job["queue"]
+    bar = _QueuedProgress(index, queue) if queue is not None else False
+    try:
+        doc, _ = run_workload(job["workload"], job["configs"][index], job["make_executor"](), progress=bar, **job["options"])
+    except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return doc, None
+
+
+class _QueuedProgress:
+    """A worker's progress: `(run index, done)` on the parent's queue, at most ~10 times a second."""
+
+    __slots__ = ("index", "queue", "_countdown", "_last")
+
+    def __init__(self, index: int, queue: Any) -> None:
+        self.index, self.queue = index, queue
+        self._countdown = 256
+        self._last = 0.0
+
+    def update(self, done: int) -> None:
+        self._countdown -= 1
+        if self._countdown > 0:
+            return
+        self._countdown = 256
+        now = time.monotonic()
+        if now - self._last >= 0.1:
+            self._last = now
+            self.queue.put((self.index, done))
+
+    def close(self) -> None:
+        self.queue.put((self.index, None))

@@ -66,7 +66,8 @@ def test_shared_system_prompt_hits_end_inside_a_block(model):
     system = random_prompts(1, seed=2, lo=40, hi=40)[0]  # 2.5 blocks of 16
     prompts = random_prompts(32, seed=3, lo=9, hi=150, prefix=system)
     refs = hf_greedy(model, prompts, MAX_NEW)
-    eng, ex = engine(model, num_blocks=512, block_size=16)
+    # token-granular matching: a hit may end inside a block (block matching, the default, stops at 32)
+    eng, ex = engine(model, num_blocks=512, block_size=16, prefix_match="token")
     # the first request computes the system prompt before the others arrive
     eng.add_request(greedy_request("0", prompts[0], max_new_tokens(0)))
     eng.step()
@@ -82,7 +83,7 @@ def test_32_requests_arriving_together_on_one_prefix(model):
     prompts = random_prompts(32, seed=5, lo=9, hi=100, prefix=prefix)
     refs = hf_greedy(model, prompts, MAX_NEW)
     # ~2000 prompt tokens against a budget of 512 a step: admissions span several steps
-    eng, ex = engine(model, num_blocks=512, block_size=16, max_num_batched_tokens=512)
+    eng, ex = engine(model, num_blocks=512, block_size=16, max_num_batched_tokens=512, prefix_match="token")
     seqs = run_and_check(eng, prompts, refs)
     first = min(s.first_scheduled_time for s in seqs)
     same_step = [s for s in seqs if s.first_scheduled_time == first and s.request_id != "0"]
@@ -116,3 +117,19 @@ def test_n4_greedy_children_all_equal_greedy(model, plain):
     assert len(seqs) == 32
     # children share the last partial prompt block and copy it at their first write into it
     assert ex.stats.copies > 0
+
+
+def test_32_requests_on_one_prefix_share_blocks_scheduled_in_the_same_step(model):
+    """Block matching (the default): the first request's full prefix blocks are in the index as
+    soon as they are scheduled, so requests admitted later in that very step reuse them; the
+    executor writes the step's KV before any attention reads it, so the tokens are still HF's."""
+    prefix = random_prompts(1, seed=4, lo=40, hi=40)[0]  # 2 full blocks and a partial one
+    prompts = random_prompts(32, seed=5, lo=9, hi=100, prefix=prefix)
+    refs = hf_greedy(model, prompts, MAX_NEW)
+    eng, ex = engine(model, num_blocks=512, block_size=16, max_num_batched_tokens=512)
+    seqs = run_and_check(eng, prompts, refs)
+    first = min(s.first_scheduled_time for s in seqs)
+    same_step = [s for s in seqs if s.first_scheduled_time == first and s.request_id != "0"]
+    assert same_step
+    assert all(s.num_cached_prompt_tokens == 32 for s in same_step)  # both full prefix blocks
+    assert ex.stats.copies == 0  # whole blocks only: nothing to copy
