@@ -158,7 +158,7 @@ def step_bound(requests: list[dict]) -> int:
     return 20 * total + 200
 
 
-@settings(max_examples=int(__import__('os').environ.get('PROGRESS_EXAMPLES', 300)), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(__import__('os').environ.get('PROGRESS_EXAMPLES', 1000)), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(scenarios())
 @example(TOKEN_RR_LIVELOCK)
 def test_every_request_finishes_and_reads_only_its_own_kv(scenario):
