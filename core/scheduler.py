@@ -66,6 +66,8 @@ class Scheduler:
         self.rescues = 0
         self.last_offered = False
         self._pulls_left = 0
+        self._candidate: Sequence | None = None  # the waiting request being admitted, and whether
+        self._candidate_stale = False  # a victim of its admission took blocks of its hit away
 
     # --- requests in and out -------------------------------------------------------------------
 
@@ -333,12 +335,24 @@ class Scheduler:
         if n <= 0:
             self._unacquire(seq)
             return None
-        if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
+        self._candidate, self._candidate_stale = seq, False
+        try:
+            if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
+                admitted = None
+            elif (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
+                admitted = False
+            else:
+                admitted = True
+        finally:
+            self._candidate = None
+        if self._candidate_stale:
+            # a victim of this very admission had registered blocks of the hit in this step, whose
+            # KV will now not be written: match again without them
             self._unacquire(seq)
-            return None
-        if (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
+            return self._admit_waiting(seq, plan, max_chunk)
+        if not admitted:
             self._unacquire(seq)
-            return False
+            return admitted
         seq.num_cached_blocks = hit_tokens // pool.block_size
         if seq.num_preemptions == 0:
             seq.num_cached_prompt_tokens = min(hit_tokens, seq.num_prompt_tokens)
@@ -509,6 +523,9 @@ class Scheduler:
         seq.num_cached_blocks = first
         if not stale:
             return []
+        candidate = self._candidate
+        if candidate is not None and not stale.isdisjoint(candidate.block_table):
+            self._candidate_stale = True
         return [h for h in self._hitters if h.state is _RUNNING and not stale.isdisjoint(h.block_table)]
 
     def _preempt(self, seq: Sequence, mode: str, plan: StepPlan) -> None:

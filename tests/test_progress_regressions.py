@@ -233,3 +233,28 @@ def test_a_protected_request_is_not_displaced_by_a_younger_one():
     assert old.num_output_tokens == young.num_output_tokens == 8
     assert old.finish_time < young.finish_time  # once protected, old runs to the end
     assert_pool_drained(engine)
+
+
+def test_a_candidate_whose_admission_preempts_the_registrant_of_its_hit_matches_again():
+    # block size 1: r1 (priority 1) computes the shared prefix token 9100002 into a block registered
+    # in the step; r2 (priority 0, same prefix) hits that block, then needs a block and the
+    # priority policy preempts r1 for it: r1's block will not be written, so r2 must not use it
+    from test_progress import ShadowKV
+
+    executor = ShadowKV()
+    engine = Engine(EngineConfig(
+        block_size=1, num_blocks=8, policy="priority", plugins=["decode_first", "slo_classes"],
+        plugin_options={"slo_classes": {"classes": {"a": "interactive"}}}, max_num_seqs=3,
+        max_num_batched_tokens=4, max_prefill_chunk=1,
+    ), executor)
+    executor.engine = engine
+    shared = [9100001, 9100002]
+    for rid, prompt, priority, out, n in [
+        ("r0", [100001], 0, 1, 1), ("r1", shared + [200001], 1, 1, 1), ("r2", shared + [300001], 0, 1, 2),
+        ("r3", [400001], 0, 2, 1), ("r4", [500001], 0, 1, 1),
+    ]:
+        engine.add_request(request(rid, prompt, max_new=out, n=n, tenant="a", priority=priority))
+    run_bounded(engine, 100)
+    assert executor.errors == []
+    assert all(s.finish_reason.value == "length" for r in ("r0", "r1", "r2", "r3", "r4") for s in engine.sequences(r))
+    assert_pool_drained(engine)
