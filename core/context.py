@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .preemption import is_protected
+
 if TYPE_CHECKING:
     from ..kv_backends.block_pool import BlockPool
     from .config import EngineConfig
@@ -24,6 +26,7 @@ class StepContext:
     - `block_size`, `num_blocks`
     - `hooks`: the hook relay, for a plugin that asks other plugins (e.g. `srpt` calls
       `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)`)
+    - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
 
     One thing plugins may set: `wake_at(t)` (see there).
     """
@@ -82,6 +85,14 @@ class StepContext:
         """How many leading tokens of `seq` the prefix cache holds now (a lookup, no side effects:
         O(prefix blocks); call it for a bounded number of candidates per step)."""
         return self._pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1).num_tokens
+
+    @staticmethod
+    def is_protected(seq: Sequence) -> bool:
+        """Whether `seq` is protected by the core's no-livelock rule: preempted twice in a row
+        without progress, it is not displaced for a younger request until it computes past the
+        most tokens it ever had computed. A `select_victim` that names a protected victim for a
+        younger requester gets the core's substitute; a policy can avoid that by skipping them."""
+        return is_protected(seq)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens."""

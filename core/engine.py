@@ -128,6 +128,9 @@ class Engine:
         self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
         self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
         self.last_plan_empty = False
+        self.last_step_progressed = False
+        """Whether the last step computed a token past some request's previous high-water mark
+        (`Sequence.max_computed`); preemptions and recomputation are not progress."""
         self._validation_context = {
             "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
             "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer is not None,
@@ -258,6 +261,7 @@ class Engine:
             self._reap_after(exc, recovery.in_flight(live, arrived), now)
             raise
         self.last_plan_empty = plan.is_empty
+        self.last_step_progressed = False
         if self.last_plan_empty:
             return
         try:
@@ -272,6 +276,7 @@ class Engine:
             if outputs is not None:
                 outputs.extend(RequestOutput(s, [], True) for s in ended)
             return
+        self.last_step_progressed = scheduler.progresses(plan)
         scheduler.commit(plan)
         try:
             self._sample(plan, result.logits, result.time, outputs)
@@ -396,18 +401,30 @@ class Engine:
         """Step until every request has ended, yielding outputs as they come.
 
         When a step schedules nothing and a plugin asked to be woken up later (`ctx.wake_at`: a
-        token bucket refilling), the clock moves there. `max_idle_steps` empty steps in a row
-        raise `NoProgressError`."""
+        token bucket refilling), the clock moves there. Steps without progress (no request
+        computed a token past its previous high-water mark: preempting and recomputing do not
+        count) raise `NoProgressError`: `max_idle_steps` of them in a row when the last scheduled
+        nothing, `max_idle_steps + num_blocks * block_size` otherwise (see `is_stalled`)."""
         idle = 0
         while self.has_unfinished():
             yield from self.step()
-            if not self.last_plan_empty:
+            if self.last_step_progressed:
                 idle = 0
                 continue
-            self.idle()
+            if self.last_plan_empty:
+                self.idle()
             idle += 1
-            if idle >= max_idle_steps:
+            if self.is_stalled(idle, max_idle_steps):
                 raise self.stalled(idle)
+
+    def is_stalled(self, steps: int, max_idle_steps: int) -> bool:
+        """Whether `steps` steps in a row without progress are a stall: `max_idle_steps` when the
+        last step scheduled nothing; when it scheduled something (recomputation after a
+        preemption is not progress, and recomputing all the KV the pool holds, one token a step,
+        takes up to `num_blocks * block_size` steps), that many more."""
+        if steps < max_idle_steps:
+            return False
+        return self.last_plan_empty or steps >= max_idle_steps + self.config.max_kv_tokens
 
     def idle(self, next_arrival: float | None = None) -> None:
         """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
@@ -419,12 +436,32 @@ class Engine:
             self.executor.idle_until(min(ahead))
 
     def stalled(self, steps: int) -> NoProgressError:
-        """The error for `steps` empty steps in a row while requests wait."""
-        s = self.scheduler
+        """The error for `steps` steps in a row without progress while requests wait: names the
+        plugins, the oldest stuck requests (state, tokens and blocks needed against the pool) and
+        why they cannot run."""
+        s, pool = self.scheduler, self.pool
+        what = "scheduled nothing" if self.last_plan_empty else "made no progress (only preemption and recomputation)"
+        stuck = sorted((*s.running, *s.waiting, *s.swapped), key=lambda q: (q.arrival_no, q.index))
+        details = []
+        for q in stuck[:3]:
+            need = -(-(len(q.token_ids) + q.sampling.max_new_tokens - q.num_output_tokens) // pool.block_size)
+            if need > pool.num_blocks:
+                why = "it does not fit in the pool on its own"
+            elif self.last_plan_empty and not s.last_offered:
+                why = "admission offered nothing and nothing runs"
+            elif self.last_plan_empty:
+                why = "the budget split or a plugin's gate gave it no tokens"
+            else:
+                why = f"preempted {q.num_preemptions} times"
+            details.append(
+                f"{q.seq_id} {q.state.name.lower()} needs {need} blocks of {pool.block_size} tokens "
+                f"(pool {pool.num_blocks}, {pool.num_free_blocks()} free): {why}"
+            )
         return NoProgressError(
-            f"{steps} steps scheduled nothing with {len(s.running)} running, {len(s.waiting)} "
-            f"waiting and {len(s.swapped)} swapped requests: check the plugins' admission and "
-            f"split_budget ({', '.join(self.plugins.names())})"
+            f"{steps} steps {what} with {len(s.running)} running, {len(s.waiting)} "
+            f"waiting and {len(s.swapped)} swapped requests: check the plugins' admission, "
+            f"select_victim and split_budget ({', '.join(self.plugins.names())}); oldest: "
+            + "; ".join(details)
         )
 
     def run(self) -> dict[str, list[Sequence]]:

@@ -75,6 +75,19 @@ def admission(ctx: StepContext) -> Iterable[Sequence] | None:
     Candidates that are not waiting or swapped (finished, cancelled, already running) are skipped,
     so a policy may drop stale entries lazily. Sequences are admitted in the order yielded;
     `on_admitted` reports them after the step's admission ends.
+
+    The scheduler pulls at most `2 * (waiting + swapped + running) + 8` candidates in one step
+    (a request preempted during the step may come back once); an iterable that yields more (an
+    endless generator, a `cycle`) is an invalid answer: "admission yielded more candidates than
+    are queued".
+
+    The core's rescue (the one case where it overrides the plugins): when a step schedules
+    nothing although the plugins asked for something (a request is running, or admission yielded
+    a waiting or swapped candidate) and no plugin asked to be woken up later (`ctx.wake_at`), the
+    core serves the oldest unfinished request itself, as fcfs would: the whole budget, a prefill
+    chunk of `max_prefill_chunk`, the youngest running requests as victims (a debug run logs
+    `scheduler.rescue`). An admission that yields nothing while nothing runs is the plugin's
+    choice: the engine then stops with `NoProgressError` after `max_idle_steps` empty steps.
     """
 
 
@@ -92,6 +105,20 @@ def select_victim(ctx: StepContext, requester: Sequence, reason: str) -> Sequenc
     requester itself; for a waiting candidate None leaves it waiting. The victim may be the
     requester. The hook is called again while blocks are still missing. A victim that is not
     running is an invalid answer.
+
+    The progress rule (the core's, whatever the policy): a request preempted twice in a row
+    without computing past the most tokens it had ever computed is *protected* until it passes
+    that mark (`ctx.is_protected(seq)`). A protected request is never displaced for a younger
+    requester (later `arrival_no`; samples of one request by index): when the answer names one,
+    the core takes instead the youngest running request other than the requester that is
+    unprotected or younger than it, and if there is none the requester yields (a running one
+    preempts itself, a waiting one stays waiting). A protected requester named as its own victim
+    displaces the youngest running request younger than itself instead, when there is one.
+    Older requesters are not restricted, and a request is never protected before its second
+    preemption without progress, so schedules without repeated fruitless preemption (all of
+    vLLM's recorded ones) are unchanged. So nobody displaces the oldest unfinished request more
+    than twice between two advances of its mark, and (with the rescue, see `admission`) every
+    request finishes whenever the oldest unfinished one fits in the pool on its own.
     """
 
 

@@ -142,14 +142,15 @@ def _replay_loop(
         if not gc_countdown:
             gc.collect(1)
             gc_countdown = GC_EVERY_STEPS
-        if engine.last_plan_empty:
-            engine.idle(items[i].arrival_s if i < total else None)
+        if engine.last_step_progressed:
+            idle = 0
+        else:
+            if engine.last_plan_empty:
+                engine.idle(items[i].arrival_s if i < total else None)
             if i == total:  # a wake-up counts too: a plugin that keeps asking one is stuck
                 idle += 1
-                if idle >= max_idle_steps:
+                if engine.is_stalled(idle, max_idle_steps):
                     raise engine.stalled(idle)
-        else:
-            idle = 0
         if update is not None:
             update(len(records))
     return time.perf_counter() - wall

@@ -17,7 +17,7 @@ from .context import StepContext
 from .errors import PluginError
 from .plan import StepPlan
 from .plugins import PluginManager
-from .preemption import RECOMPUTE, SWAP, Preempt
+from .preemption import PROTECT_AFTER, RECOMPUTE, SWAP, Preempt, is_protected, older
 from .sequence import FinishReason, SeqState, Sequence
 
 _RUNNING, _WAITING, _SWAPPED, _FINISHED = (
@@ -61,6 +61,13 @@ class Scheduler:
         self._admit_after_preemption = config.admit_after_preemption
         self._full_prompt_gate = config.admission_gate == "full_prompt"
         self._caching = config.enable_prefix_caching
+        self._offered = False  # this step's plugins asked for something to be served
+        self._rescuing = False  # the core serves the oldest request itself (see `_rescue`)
+        self.rescues = 0
+        self.last_offered = False
+        self._pulls_left = 0
+        self._candidate: Sequence | None = None  # the waiting request being admitted, and whether
+        self._candidate_stale = False  # a victim of its admission took blocks of its hit away
 
     # --- requests in and out -------------------------------------------------------------------
 
@@ -127,12 +134,16 @@ class Scheduler:
         self.num_decoding = num_decoding
         max_chunk = self._split(num_decoding, len(self.running) - num_decoding + len(self.swapped))
 
+        self._offered = bool(self.running)
         if self.running:
             self._serve_running(plan, max_chunk)
         if (self.waiting or self.swapped) and (self._admit_after_preemption or not plan.preempted):
             if plan.preempted:
                 self._notify_preempted(plan)  # the victims are back in the queue, in their place
             self._admit(plan, max_chunk)
+        if not plan.scheduled and self._offered and ctx.wakeup is None:
+            self._rescue(plan)
+        self.last_offered = self._offered
 
         if plan.admitted:
             self.hook.on_admitted(ctx=ctx, seqs=plan.admitted)
@@ -141,6 +152,48 @@ class Scheduler:
             if len(plan.preempted) > self._notified:
                 self._notify_preempted(plan)
         return plan
+
+    def _rescue(self, plan: StepPlan) -> None:
+        """The one case where the core overrides the plugins: they wanted something served (a
+        running request, or an admission candidate) but the step scheduled nothing, and none asked
+        to be woken up later. The core serves the oldest unfinished request itself, with the whole
+        budget, a prefill chunk of `max_prefill_chunk` and its own victims (the youngest running
+        requests), as fcfs would."""
+        oldest = None
+        for queue in (self.running, self.waiting, self.swapped):
+            for s in queue:
+                if oldest is None or older(s, oldest):
+                    oldest = s
+        if oldest is None:
+            return
+        self.rescues += 1
+        if self.config.debug:
+            import structlog
+
+            structlog.get_logger("metroline").info(
+                "scheduler.rescue", request_id=oldest.seq_id, step=self.ctx.step,
+                reason="the plugins scheduled nothing: the core serves the oldest request",
+            )
+        budget = self._budget
+        self._decode_left = self._prefill_left = self._prefills_left = budget
+        max_chunk = self.config.prefill_chunk
+        self._rescuing = True
+        try:
+            if oldest.state is _RUNNING:
+                decode = oldest.is_decoding
+                n = 1 if decode else min(oldest.num_uncomputed_tokens, budget, max_chunk)
+                if self._grow(oldest, n, plan):
+                    self._schedule(oldest, n, plan, decode)
+            else:
+                admitted = (self._admit_waiting if oldest.state is _WAITING else self._admit_swapped)(
+                    oldest, plan, max_chunk
+                )
+                if admitted:
+                    self._mark_admitted(oldest, plan)
+        finally:
+            self._rescuing = False
+        if len(plan.preempted) > self._notified:
+            self._notify_preempted(plan)
 
     def _notify_preempted(self, plan: StepPlan) -> None:
         """Tell `on_preempted` of the step's victims it has not heard of yet."""
@@ -195,6 +248,8 @@ class Scheduler:
             return
         head_of_line = getattr(answer, "head_of_line", True)
         candidates: Iterator[Sequence] = iter(answer)
+        # a candidate may come back once after a preemption in this step: twice the requests
+        self._pulls_left = 2 * (len(self.waiting) + len(self.swapped) + len(self.running)) + 8
         try:
             self._admit_from(candidates, plan, max_chunk, head_of_line)
         finally:
@@ -203,6 +258,11 @@ class Scheduler:
                 close()
 
     def _next_candidate(self, candidates: Iterator[Sequence]) -> Sequence | None:
+        self._pulls_left -= 1
+        if self._pulls_left < 0:
+            raise self.plugins.invalid(
+                "admission", "admission yielded more candidates than are queued (an endless generator?)"
+            )
         try:
             return next(candidates, None)
         except PluginError:
@@ -225,6 +285,7 @@ class Scheduler:
             if state is _WAITING:
                 if seq not in self.waiting:
                     raise self.plugins.invalid("admission", f"{seq!r} is not in this engine's waiting queue")
+                self._offered = True
                 if self._prefill_left <= 0 or self._prefills_left <= 0:
                     return
                 admitted = self._admit_waiting(seq, plan, max_chunk)
@@ -234,20 +295,24 @@ class Scheduler:
                 admitted = self._admit_swapped(seq, plan, max_chunk)
             else:
                 continue  # stale entry: already running or finished
+            self._offered = True
             if admitted is None:
                 return
             if not admitted:
                 if hol:
                     return
                 continue
-            seq.state = _RUNNING
-            self.running[seq] = None
-            self._fork_slots += self._unforked(seq)
-            self._admissions += 1
-            seq.admitted_seq_no = self._admissions
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = self.ctx.now
-            plan.admitted.append(seq)
+            self._mark_admitted(seq, plan)
+
+    def _mark_admitted(self, seq: Sequence, plan: StepPlan) -> None:
+        seq.state = _RUNNING
+        self.running[seq] = None
+        self._fork_slots += self._unforked(seq)
+        self._admissions += 1
+        seq.admitted_seq_no = self._admissions
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = self.ctx.now
+        plan.admitted.append(seq)
 
     def _admit_waiting(self, seq: Sequence, plan: StepPlan, max_chunk: int) -> bool | None:
         """Prefix-match `seq`, then give it a slot and the blocks of its first chunk. True when
@@ -255,10 +320,14 @@ class Scheduler:
         admitted this step."""
         pool = self.pool
         hit = pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1)
-        if hit.block_ids:
-            pool.acquire(hit.block_ids)
-            seq.block_table = list(hit.block_ids)
-        seq.num_computed_tokens = hit.num_tokens
+        hit_blocks, hit_tokens = hit
+        if hit_tokens % pool.block_size and not self._partial_hit_fits(seq, hit_blocks):
+            hit_blocks = hit_blocks[:-1]  # a prefix hit never makes a request harder to admit
+            hit_tokens = len(hit_blocks) * pool.block_size
+        if hit_blocks:
+            pool.acquire(hit_blocks)
+            seq.block_table = list(hit_blocks)
+        seq.num_computed_tokens = hit_tokens
         # a readmitted sequence whose cached prefix covers all but its newest token is a decode;
         # it takes a prefill token when the decode share is spent
         decode = seq.is_decoding and self._decode_left > 0
@@ -266,17 +335,29 @@ class Scheduler:
         if n <= 0:
             self._unacquire(seq)
             return None
-        if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
+        self._candidate, self._candidate_stale = seq, False
+        try:
+            if not self._make_room_for(seq, 1 + self._unforked(seq), plan):
+                admitted = None
+            elif (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
+                admitted = False
+            else:
+                admitted = True
+        finally:
+            self._candidate = None
+        if self._candidate_stale:
+            # a victim of this very admission had registered blocks of the hit in this step, whose
+            # KV will now not be written: match again without them
             self._unacquire(seq)
-            return None
-        if (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
+            return self._admit_waiting(seq, plan, max_chunk)
+        if not admitted:
             self._unacquire(seq)
-            return False
-        seq.num_cached_blocks = hit.num_tokens // pool.block_size
+            return admitted
+        seq.num_cached_blocks = hit_tokens // pool.block_size
         if seq.num_preemptions == 0:
-            seq.num_cached_prompt_tokens = min(hit.num_tokens, seq.num_prompt_tokens)
+            seq.num_cached_prompt_tokens = min(hit_tokens, seq.num_prompt_tokens)
         else:
-            seq.recomputed_tokens += max(0, seq.num_lost_tokens - hit.num_tokens)
+            seq.recomputed_tokens += max(0, seq.num_lost_tokens - hit_tokens)
             seq.num_lost_tokens = 0
         del self.waiting[seq]
         if self._pending and not self._pending.isdisjoint(seq.block_table):
@@ -307,6 +388,15 @@ class Scheduler:
             return True
         self._schedule(seq, n, plan, decode)
         return True
+
+    def _partial_hit_fits(self, seq: Sequence, hit_blocks: list[int]) -> bool:
+        """Whether sharing the partly matched last block of a hit (copied at its first write)
+        still leaves room for all of `seq`'s known tokens: holding it takes a cached block off
+        the free ones and the copy takes another, one block more than a cold start would need."""
+        pool = self.pool
+        taken = sum(1 for b in hit_blocks if pool.ref_count(b) == 0)
+        need = -(-len(seq.token_ids) // pool.block_size) - len(hit_blocks) + 1
+        return pool.num_free_blocks() - taken >= need
 
     def _unacquire(self, seq: Sequence) -> None:
         self.pool.release(seq.block_table)
@@ -357,20 +447,49 @@ class Scheduler:
         return True
 
     def _victim(self, requester: Sequence, reason: str) -> tuple[Sequence, str] | None:
-        """Ask `select_victim`; None means the (waiting) requester stays where it is."""
-        answer: Any = self.hook.select_victim(ctx=self.ctx, requester=requester, reason=reason)
+        """Ask `select_victim`; None means the (waiting) requester stays where it is. A protected
+        victim (`is_protected`) of a younger requester, or a protected requester named as its own
+        victim, is replaced by `_substitute`'s (the no-livelock rule, see `select_victim`)."""
         mode = self.config.preemption_mode
+        if self._rescuing:
+            answer: Any = self._substitute(requester)
+            return None if answer is None else (answer, mode)
+        answer = self.hook.select_victim(ctx=self.ctx, requester=requester, reason=reason)
         if isinstance(answer, Preempt):
             answer, mode = answer
             if mode not in (RECOMPUTE, SWAP):
                 raise self.plugins.invalid("select_victim", f"unknown preemption mode {mode!r}")
         if answer is None:
-            if requester.state is _RUNNING:
-                return requester, mode
-            return None
-        if not isinstance(answer, Sequence) or answer not in self.running:
+            if requester.state is not _RUNNING:
+                return None
+            answer = requester
+        elif not isinstance(answer, Sequence) or answer not in self.running:
             raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not a running sequence")
+        if answer.stalls >= PROTECT_AFTER and (answer is requester or older(answer, requester)) and is_protected(answer):
+            answer = self._substitute(requester, younger_only=answer is requester)
+            if answer is None:
+                return None
         return answer, mode
+
+    def _substitute(self, requester: Sequence, younger_only: bool = False) -> Sequence | None:
+        """The core's victim for `requester`: the youngest running request other than it that it
+        may displace (an unprotected one, else a younger protected one; only younger ones with
+        `younger_only`); else the requester yields (itself if running, None if waiting)."""
+        best, best_rank = None, None
+        for s in self.running:
+            if s is requester:
+                continue
+            if (younger_only or (s.stalls >= PROTECT_AFTER and is_protected(s))) and older(s, requester):
+                continue
+            if s.stalls >= PROTECT_AFTER and is_protected(s):
+                rank = (0, s.arrival_no, s.index)
+            else:
+                rank = (1, s.arrival_no, s.index)
+            if best_rank is None or rank > best_rank:
+                best, best_rank = s, rank
+        if best is not None:
+            return best
+        return requester if requester.state is _RUNNING else None
 
     def _schedule(self, seq: Sequence, n: int, plan: StepPlan, decode: bool) -> None:
         plan.scheduled[seq] = n
@@ -404,6 +523,9 @@ class Scheduler:
         seq.num_cached_blocks = first
         if not stale:
             return []
+        candidate = self._candidate
+        if candidate is not None and not stale.isdisjoint(candidate.block_table):
+            self._candidate_stale = True
         return [h for h in self._hitters if h.state is _RUNNING and not stale.isdisjoint(h.block_table)]
 
     def _preempt(self, seq: Sequence, mode: str, plan: StepPlan) -> None:
@@ -424,6 +546,11 @@ class Scheduler:
         del self.running[seq]
         self._fork_slots -= self._unforked(seq)
         seq.num_preemptions += 1
+        mark = seq.num_computed_tokens
+        if mark < seq.max_computed:
+            mark = seq.max_computed
+        seq.stalls = seq.stalls + 1 if mark <= seq.stall_mark else 1
+        seq.stall_mark = seq.max_computed = mark
         host = None
         if mode == SWAP and self.swap is not None:
             host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops)
@@ -454,6 +581,18 @@ class Scheduler:
         plan.sample_seqs  # fixed before the sequences advance
         for seq, n in plan.scheduled.items():
             seq.num_computed_tokens += n
+
+    @staticmethod
+    def progresses(plan: StepPlan) -> bool:
+        """Whether `plan` (not yet committed) makes progress: it samples a token, or computes a
+        token past the most a sequence ever had computed before a preemption (`max_computed`,
+        kept at preemptions). Recomputing what a preemption lost is not progress."""
+        if plan.sample_seqs:
+            return True
+        for seq, n in plan.scheduled.items():
+            if seq.num_computed_tokens + n > seq.max_computed:
+                return True
+        return False
 
     def fork(self, parent: Sequence, n: int) -> list[Sequence]:
         """Create the `n - 1` siblings of `parent` (parallel sampling) once its prompt is

@@ -65,6 +65,7 @@ class Sequence:
         "num_preemptions", "num_cached_prompt_tokens", "recomputed_tokens", "num_lost_tokens", "admitted_seq_no",
         "first_scheduled_time", "prefill_done_time", "first_token_time", "finish_time",
         "token_times", "parent", "children", "detok",
+        "max_computed", "stalls", "stall_mark",
     )
 
     def __init__(
@@ -116,6 +117,12 @@ class Sequence:
         self.parent: Sequence | None = None
         self.children: list[Sequence] = []
         self.detok = None
+        # progress bookkeeping of the core's no-livelock rule (`core.preemption.is_protected`),
+        # updated at preemptions: the most tokens it ever had computed, preemptions in a row
+        # without passing the previous mark, the mark
+        self.max_computed = 0
+        self.stalls = 0
+        self.stall_mark = -1
 
     @classmethod
     def from_request(cls, request: Request, arrival_time: float, arrival_no: int) -> Sequence:
