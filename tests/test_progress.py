@@ -123,6 +123,7 @@ def scenarios(draw):
         "slo_classes": {"classes": {"a": "interactive"}},
         "tenant_quota": {"default_max_running": 3, "token_rate": {"b": 400.0}, "burst": 200.0},
     }
+    options = {name: o for name, o in options.items() if name == policy or name in stack}  # loaded ones only
     budget = draw(st.one_of(st.integers(4, 8), st.integers(4, 64)))
     config = dict(
         block_size=block_size, num_blocks=num_blocks, policy=policy, plugins=stack, plugin_options=options,
