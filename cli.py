@@ -203,11 +203,19 @@ def fit_config(config: Any, executor: Any, user_fields: set[str]) -> Any:
     return config.model_validate({**config.model_dump(), **update}) if update else config
 
 
+def _user_fields(args: argparse.Namespace, config: Any) -> set[str]:
+    """The config fields the user set (a flag or the config file), not those filled in for them."""
+    fields = set(config.model_fields_set)
+    if getattr(args, "swap_space_blocks", None) is None and not getattr(args, "config", None):
+        fields.discard("swap_space_blocks")  # resolve_options sized it after the default pool
+    return fields
+
+
 def _prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     """(config, run options, executor) for `run`, the config fitted to a real executor's model."""
     config, run = resolve_options(args)
     executor = make_executor(run)
-    config = fit_config(config, executor, set(config.model_fields_set))
+    config = fit_config(config, executor, _user_fields(args, config))
     if getattr(executor, "kv_bytes_per_token", None):
         print(
             f"executor {executor.name}: {config.num_blocks} KV blocks x {config.block_size} tokens = "
@@ -254,7 +262,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .core.runner import run_workload
 
     config, run = resolve_options(args)
-    user_fields = set(config.model_fields_set)
+    user_fields = _user_fields(args, config)
     workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:

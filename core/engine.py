@@ -117,6 +117,9 @@ class Engine:
         vocab = getattr(executor, "vocab_size", None)
         if vocab is not None:
             self._validation_context["vocab_size"] = vocab
+        model_len = getattr(executor, "max_model_len", None)
+        if model_len is not None and model_len < config.max_model_len:
+            self._validation_context["max_model_len"] = model_len
 
     # --- requests ----------------------------------------------------------------------------
 

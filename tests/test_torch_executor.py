@@ -68,6 +68,13 @@ def test_prompt_tokens_are_checked_against_the_vocab(model):
         eng.add_request(greedy_request("x", [1, 128], 2))
 
 
+def test_a_prompt_over_the_models_context_is_rejected(model):
+    eng, _ = engine(model, num_blocks=64)  # the engine allows 32768 tokens, the model 512
+    with pytest.raises(ValueError, match=r"\(500 tokens\) \+ sampling.max_new_tokens \(13\) = 513 exceeds max_model_len=512"):
+        eng.add_request(greedy_request("x", [1] * 500, 13))
+    eng.add_request(greedy_request("y", [1] * 500, 12))
+
+
 def test_executors_by_name():
     assert make_executor("sim").name == "sim"
     assert resolve_executor("metroline.executors.torch:from_options") is resolve_executor("torch")
@@ -169,3 +176,19 @@ def test_cli_runs_a_workload_on_a_model_folder(model, tmp_path, capsys):
     assert doc["executor"]["name"] == "torch" and doc["executor"]["cost_model"] is None
     assert doc["config"]["num_blocks"] == 128 and doc["config"]["max_model_len"] == 512
     assert doc["summary"]["completed"] == 8
+
+
+def test_cli_swap_space_follows_the_fitted_pool(model, tmp_path, capsys):
+    model.save_pretrained(tmp_path / "tiny")
+    json_path = tmp_path / "run.json"
+    argv = [
+        "run", "--executor", "torch", "--model", str(tmp_path / "tiny"), "--kv-memory", str(1 / 2048),
+        "--preemption", "swap", "--workload", "mixed-64", "--groups", "1", "--length-scale", "0.1",
+        "--max-requests", "4", "--json", str(json_path),
+    ]
+    assert main(argv) == 0
+    import json
+
+    config = json.loads(json_path.read_text())["config"]
+    # 0.5 MiB / (512 bytes x 16) = 64 device blocks, and as many host blocks (not the default 8192)
+    assert config["num_blocks"] == config["swap_space_blocks"] == 64

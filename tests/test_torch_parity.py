@@ -78,21 +78,21 @@ def test_shared_system_prompt_hits_end_inside_a_block(model):
 
 
 def test_32_requests_arriving_together_on_one_prefix(model):
-    prefix = random_prompts(1, seed=4, lo=64, hi=64)[0]  # four whole blocks
-    prompts = random_prompts(32, seed=5, lo=1, hi=100, prefix=prefix)
+    prefix = random_prompts(1, seed=4, lo=40, hi=40)[0]  # 2.5 blocks
+    prompts = random_prompts(32, seed=5, lo=9, hi=100, prefix=prefix)
     refs = hf_greedy(model, prompts, MAX_NEW)
-    # ~3600 prompt tokens against a budget of 1024 a step: admissions span several steps
-    eng, ex = engine(model, num_blocks=512, block_size=16, max_num_batched_tokens=1024)
+    # ~2000 prompt tokens against a budget of 512 a step: admissions span several steps
+    eng, ex = engine(model, num_blocks=512, block_size=16, max_num_batched_tokens=512)
     seqs = run_and_check(eng, prompts, refs)
     first = min(s.first_scheduled_time for s in seqs)
     same_step = [s for s in seqs if s.first_scheduled_time == first and s.request_id != "0"]
     later = [s for s in seqs if s.first_scheduled_time > first]
     assert same_step and later
-    # a request admitted after the prefix was computed reuses it; one admitted in the same step
-    # reuses it when the scheduler indexes the blocks it scheduled earlier in that step (either
-    # way, the tokens are HF's)
-    assert all(s.num_cached_prompt_tokens >= 64 for s in later)
-    assert len({s.num_cached_prompt_tokens >= 64 for s in same_step}) == 1
+    # a request admitted after the prefix was computed reuses all of it, its last block in part;
+    # one admitted in the same step reuses what the scheduler lets it (blocks scheduled earlier
+    # in that step, when they are indexed at once): either way the tokens are HF's
+    assert all(s.num_cached_prompt_tokens >= 40 for s in later)
+    assert ex.stats.copies > 0
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -88,8 +88,10 @@ def paged_attention_forward(
         raise ValueError(f"metroline_paged attention expects one packed batch, got batch size {query.shape[0]}")
     layer = module.layer_idx
     k_cache, v_cache = meta.k_caches[layer], meta.v_caches[layer]
-    q = query[0].transpose(0, 1)
-    meta.ops.write_kv(k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), meta.slot_mapping)
+    q = query[0].transpose(0, 1).contiguous()
+    k = key[0].transpose(0, 1).contiguous()
+    v = value[0].transpose(0, 1).contiguous()
+    meta.ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = meta.ops.paged_attention(
         q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale

@@ -50,6 +50,10 @@ class TorchExecutor:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.vocab_size = cfg.vocab_size
         self.max_model_len = getattr(cfg, "max_position_embeddings", None)
+        window = getattr(cfg, "sliding_window", None)
+        if window and getattr(cfg, "use_sliding_window", True):
+            # the paged attention attends to the whole context: stay within the window
+            self.max_model_len = min(self.max_model_len or window, window)
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = cfg.eos_token_id
