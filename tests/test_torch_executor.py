@@ -22,12 +22,13 @@ def model():
 
 
 def test_a_failing_forward_fails_only_that_steps_requests(model):
-    prompts = random_prompts(6, seed=7, lo=5, hi=40)
+    prompts = random_prompts(6, seed=7, lo=20, hi=60)
     refs = hf_greedy(model, prompts, 6)
     eng, ex = engine(model, num_blocks=64, block_size=16)
     for i in range(3):
         eng.add_request(greedy_request(str(i), prompts[i], 6))
     eng.step()  # 0..2 prefilled together
+    eng.add_request(greedy_request("3", prompts[3], 6))
     calls = {"n": 0}
     real_forward = model.forward
 
@@ -39,15 +40,18 @@ def test_a_failing_forward_fails_only_that_steps_requests(model):
 
     model.forward = exploding
     try:
-        eng.step()  # the decode step of 0..2 raises
-        assert [eng.sequences(str(i))[0].finish_reason for i in range(3)] == [FinishReason.FAILED] * 3
+        eng.step()  # the decodes of 0..2 and the prefill of 3 in one forward, which raises
+        assert [eng.sequences(str(i))[0].finish_reason for i in range(4)] == [FinishReason.FAILED] * 4
         assert eng.sequences("0")[0].error == "RuntimeError: injected"
         assert eng.pool.num_used_blocks() == 0  # their blocks are freed
-        results = eng.generate(greedy_request(str(i), prompts[i], 6) for i in range(3, 6))
+        # the engine serves on; a prompt whose prefill failed is computed again, not served
+        # from blocks the failed step never wrote
+        results = eng.generate(greedy_request(f"{i}b", prompts[i], 6) for i in range(6))
     finally:
         del model.forward
-    for i in range(3, 6):
-        assert results[str(i)][0].output_token_ids == refs[i]
+    for i in range(6):
+        assert results[f"{i}b"][0].output_token_ids == refs[i]
+    assert results["3b"][0].num_cached_prompt_tokens == 0
     eng.pool.check_invariants([])
 
 
