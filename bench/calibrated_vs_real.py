@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate", type=float, default=4.0, help="arrivals per second (default 4)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: on a shared machine more threads spin against other processes)")
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
@@ -87,7 +89,9 @@ def main() -> int:
     from metroline.executors.cost_models import make_cost_model
     from metroline.executors.simulated import SimulatedExecutor
     from metroline.executors.torch import TorchExecutor
+    import torch
 
+    torch.set_num_threads(args.threads)
     executor = TorchExecutor.from_options(model=args.model, dtype="float32", device="cpu")
     config = fit_config(EngineConfig(policy="fcfs"), executor, set())
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

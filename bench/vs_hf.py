@@ -129,7 +129,9 @@ def main() -> int:
     parser.add_argument("--engines", default="metroline,hf_cb,hf_static")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--static-batch", type=int, default=64)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads, every engine alike (default 1: on a shared machine more threads "
+                        "spin against other processes)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):

@@ -24,11 +24,11 @@ from ..core.engine import Engine
 from .cost_models import FITTED, CalibratedCostModel, fit_linear
 
 FULL_SWEEP = (
-    (1, 16), (1, 128), (1, 512), (4, 256), (8, 32), (8, 512), (16, 128), (32, 32), (32, 256),
-    (64, 16), (64, 128),
+    (1, 16), (1, 128), (1, 512), (4, 256), (8, 32), (8, 384), (16, 128), (32, 32), (32, 128),
+    (64, 16), (64, 64),
 )
 """(batch, context) shapes of the default sweep: decode batches of 1 to 64 sequences over contexts
-of 16 to 512 tokens, and prefill steps of 16 to the full token budget."""
+of 16 to 512 tokens, and prefill steps of 16 to the full token budget (2048 by default)."""
 QUICK_SWEEP = ((1, 16), (1, 96), (4, 48), (8, 16), (16, 40))
 """A small sweep for a first look (and the tests)."""
 
