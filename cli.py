@@ -1,4 +1,5 @@
-"""The `metroline` command: `run` a workload under a policy, list `plugins` and `workloads`."""
+"""The `metroline` command: `run` a workload under a policy, `compare` policies, `generate` text with
+a real model, `calibrate` the simulator against it, list `plugins` and `workloads`."""
 
 from __future__ import annotations
 
@@ -122,7 +123,45 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--max-waiting", type=int, help="answer 429 past this many waiting requests")
     serve.add_argument("--ramp-s", type=float, help="cold start: reach max_num_seqs in flight over this many seconds")
+    generate = sub.add_parser("generate", help="generate text from prompts with a real model, streamed")
+    _generate_flags(generate)
+    calibrate = sub.add_parser("calibrate", help="time a real model over batch shapes and fit the simulator's "
+                               "cost model to it (--cost-model calibrated --cost-param path=FILE)")
+    _calibrate_flags(calibrate)
     return parser
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="a model folder, a .gguf file or a known name (default smollm2)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="the KV budget that sizes the pool when --num-blocks is not given")
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--block-size", type=int)
+
+
+def _generate_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts (run as one batch)")
+    _model_flags(p)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--seed", type=int, help="per-request sampling seed: the same tokens whatever the batch")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (the prompt is the user turn)")
+
+
+def _calibrate_flags(p: argparse.ArgumentParser) -> None:
+    _model_flags(p)
+    p.add_argument("--out", default="calibrated.json", metavar="FILE",
+                   help="where the fitted cost model goes (default calibrated.json)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each batch shape (default 3; the median counts)")
+    p.add_argument("--quick", action="store_true", help="a smaller sweep (for a first look or a test)")
 
 
 def _parse_value(text: str) -> Any:
@@ -400,6 +439,134 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = fit_config(config, executor, _user_fields(args, config))
     print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
     serve(make_engine(config, executor), serve_config)
+
+
+def _encode(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat: the model's tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids if isinstance(ids, list) else ids["input_ids"])
+    return list(tokenizer.encode(prompt))
+
+
+class _TextStream:
+    """The printable text of each sequence as its tokens arrive: the engine's incremental text
+    (`out.text`) when it keeps one, else the whole output decoded again. Text that may still become
+    a stop string, or ends in half a character, waits for the next token."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.hold = max(map(len, stop), default=1) - 1
+        self.printed: dict[str, int] = {}
+
+    def new_text(self, out: Any) -> str:
+        text = getattr(out, "text", None)
+        if text is None:
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        if not out.finished:
+            text = text.rstrip("\ufffd")
+            text = text[: max(0, len(text) - self.hold)]
+        done = self.printed.get(out.request_id, 0)
+        if len(text) <= done:
+            return ""
+        self.printed[out.request_id] = len(text)
+        return text[done:]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .core.config import EngineConfig
+    from .core.engine import Engine
+
+    from .core.request import SamplingParams
+
+    sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                                "ignore_eos": args.ignore_eos}
+    for key in ("top_p", "top_k", "min_p", "seed"):
+        if getattr(args, key) is not None:
+            sampling[key] = getattr(args, key)
+    stop = tuple(args.stop or ())
+    if stop:
+        sampling["stop"] = stop
+    try:
+        SamplingParams.model_validate(sampling)
+    except ValidationError as exc:
+        raise ValueError("; ".join(
+            f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}" for e in exc.errors()
+        )) from None
+    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb}
+    executor = make_executor({"executor": "torch", **options})
+    if executor.tokenizer is None:
+        raise ValueError(f"--model {args.model}: has no tokenizer, cannot encode text prompts")
+    fields = {k: getattr(args, k) for k in ("num_blocks", "block_size") if getattr(args, k) is not None}
+    config = EngineConfig.model_validate(fields)
+    config = fit_config(config, executor, set(fields))
+    engine = Engine(config, executor)
+    ids = [str(i) for i in range(len(args.prompts))]
+    try:
+        for rid, prompt in zip(ids, args.prompts):
+            request = {"request_id": rid, "prompt_token_ids": _encode(executor.tokenizer, prompt, args.chat),
+                       "sampling": sampling}
+            try:
+                engine.add_request(request)
+            except ValidationError as exc:
+                problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+                raise ValueError(f"prompt {int(rid) + 1}: {problems}") from None
+        _stream(engine, ids, args.prompts, _TextStream(executor.tokenizer, stop))
+    finally:
+        engine.close()
+    return 0
+
+
+def _stream(engine: Any, ids: list[str], prompts: list[str], texts: _TextStream) -> None:
+    """Print each request's text as it grows; with several prompts, one after the other under a
+    header, the later ones buffered until their turn."""
+    out = sys.stdout
+    several = len(ids) > 1
+    pending = {rid: [] for rid in ids}
+    finished: set[str] = set()
+    turn = 0
+
+    def show(i: int) -> None:
+        if several:
+            out.write(f"{'' if i == 0 else chr(10)}[{i + 1}] {prompts[i]}\n")
+        out.write("".join(pending.pop(ids[i])))
+
+    show(0)
+    out.flush()
+    for o in engine.stream():
+        piece = texts.new_text(o)
+        rid = o.request_id
+        if rid == ids[turn]:
+            if piece:
+                out.write(piece)
+                out.flush()
+        else:
+            pending[rid].append(piece)
+        if o.finished:
+            finished.add(rid)
+        while ids[turn] in finished and turn + 1 < len(ids):
+            turn += 1
+            show(turn)
+            out.flush()
+    out.write("\n")
+    out.flush()
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .executors.calibrate import calibrate
+
+    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb}
+    executor = make_executor({"executor": "torch", **options})
+    fields = {k: getattr(args, k) for k in ("num_blocks", "block_size") if getattr(args, k) is not None}
+    from .core.config import EngineConfig
+
+    config = fit_config(EngineConfig.model_validate(fields), executor, set(fields))
+    try:
+        calibrate(executor, config, args.out, repeats=args.repeats, quick=args.quick, log=print)
+    finally:
+        executor.close()
     return 0
 
 
@@ -410,9 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run"]
     args = parser.parse_args(argv)
     commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads,
-                "serve": cmd_serve}
+                "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate}
     from .core.diagnostics import validation_message
     from .core.errors import NoProgressError, PluginError
+                "generate": cmd_generate, "calibrate": cmd_calibrate}
+    from .core.errors import PluginError
 
     try:
         return commands[args.command or "run"](args)

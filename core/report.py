@@ -23,9 +23,10 @@ REQUESTS_CSV_FIELDS = (
 
 STEPS_CSV_FIELDS = (
     "step", "time_s", "running", "waiting", "swapped", "prefill_tokens", "decode_tokens",
-    "free_blocks", "cached_blocks", "preemptions",
+    "free_blocks", "cached_blocks", "preemptions", "duration_s",
 )
-"""Columns of `write_steps_csv`, named as the `StepRow` fields they hold."""
+"""Columns of `write_steps_csv`, named as the `StepRow` fields they hold (`prefill_tokens`,
+`decode_tokens` and `duration_s` make it a step log the `calibrated` cost model can fit)."""
 
 LATENCY_ROWS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"), ("queue", "queue_s"))
 

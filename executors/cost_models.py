@@ -5,7 +5,8 @@
 - `steps`: a fixed time per step.
 - `linear`: per-step, per-token and per-block terms added up.
 - `roofline`: the slower of compute and memory traffic for a model shape on a GPU.
-- `calibrated`: the linear model fitted to a real run's step log.
+- `calibrated`: the linear model fitted to a real executor (a `metroline calibrate` fit file, or a
+  real run's step log).
 
 Every model costs an empty step (nothing scheduled, no block ops) 0 seconds. Parameters are checked
 by pydantic (`extra="forbid"`), so a typo or an out-of-range value is an error naming the field.
@@ -14,6 +15,7 @@ by pydantic (`extra="forbid"`), so a typo or an out-of-range value is an error n
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Any, Protocol, Union
@@ -302,8 +304,10 @@ class RooflineCostModel:
 
 
 class CalibratedConfig(_Config):
-    """`path`: the step log CSV to fit. Block ops are not in the log: their costs are given here
-    (seconds per swapped block and per copied block, 0 unless set)."""
+    """`path`: a fit file (`.json`, written by `metroline calibrate`) or a step log CSV to fit
+    (metroline's own `--steps-csv`, or any CSV with the `STEP_LOG_COLUMNS`). Block ops are not in
+    a log: their costs are given here (seconds per swapped block and per copied block, 0 unless
+    set)."""
 
     path: str
     per_swap_block: float = Field(default=0.0, ge=0.0)
@@ -341,6 +345,36 @@ class CalibratedCostModel(LinearCostModel):
         coef += [0.0] * (len(FITTED) - len(coef))
         return cls(r2=r2, num_samples=len(ys), source=str(path), per_swap_block=per_swap_block,
                    per_copy_block=per_copy_block, **dict(zip(FITTED, coef)))
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, *, per_swap_block: float = 0.0, per_copy_block: float = 0.0
+    ) -> CalibratedCostModel:
+        """A fit file (`.json`: its coefficients as saved, `save`) or a step log (fitted now)."""
+        if str(path).lower().endswith(".json"):
+            with open(path) as f:
+                data = json.load(f)
+            try:
+                coef = {k: float(data["coefficients"][k]) for k in FITTED}
+                r2, num_samples = float(data["r2"]), int(data["num_samples"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{path}: not a calibrated fit file (need coefficients "
+                                 f"{', '.join(FITTED)}, r2, num_samples): {e!r}") from None
+            return cls(r2=r2, num_samples=num_samples, source=str(path), per_swap_block=per_swap_block,
+                       per_copy_block=per_copy_block, **coef)
+        return cls.from_steps_csv(path, per_swap_block=per_swap_block, per_copy_block=per_copy_block)
+
+    def coefficients(self) -> dict[str, float]:
+        """The fitted coefficients by name (`FITTED`)."""
+        return {k: getattr(self.config, k) for k in FITTED}
+
+    def save(self, path: str | Path, **extra: Any) -> None:
+        """Write the fit file `from_file` reads back: coefficients, r2, num_samples, and `extra`."""
+        doc = {"cost_model": self.name, "coefficients": self.coefficients(), "r2": self.r2,
+               "num_samples": self.num_samples, **extra}
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2, allow_nan=False)
+            f.write("\n")
 
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "num_samples": self.num_samples,
@@ -442,9 +476,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
 
 def _calibrated(**params: Any) -> CalibratedCostModel:
     c = CalibratedConfig(**params)
-    return CalibratedCostModel.from_steps_csv(
-        c.path, per_swap_block=c.per_swap_block, per_copy_block=c.per_copy_block
-    )
+    return CalibratedCostModel.from_file(c.path, per_swap_block=c.per_swap_block, per_copy_block=c.per_copy_block)
 
 
 COST_MODELS = {

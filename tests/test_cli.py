@@ -20,7 +20,7 @@ REQUESTS_HEADER = (
     "id,tenant,priority,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_tokens,"
     "cached_prompt_tokens,output_tokens,preemptions,finish_reason"
 )
-STEPS_HEADER = "step,time_s,running,waiting,swapped,prefill_tokens,decode_tokens,free_blocks,cached_blocks,preemptions"
+STEPS_HEADER = "step,time_s,running,waiting,swapped,prefill_tokens,decode_tokens,free_blocks,cached_blocks,preemptions,duration_s"
 
 
 def read_csv(path):

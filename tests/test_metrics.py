@@ -320,8 +320,8 @@ def test_steps_csv(collector, tmp_path):
     write_steps_csv(path, collector.steps)
     lines = path.read_text().splitlines()
     assert lines[0] == ("step,time_s,running,waiting,swapped,prefill_tokens,decode_tokens,"
-                        "free_blocks,cached_blocks,preemptions")
-    assert lines[3] == "2,1.5,2,1,1,0,2,7,2,1"
+                        "free_blocks,cached_blocks,preemptions,duration_s")
+    assert lines[3] == "2,1.5,2,1,1,0,2,7,2,1,0.4"
     assert len(lines) == 5
 
 

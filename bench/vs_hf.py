@@ -1,0 +1,183 @@
+"""metroline's real executor against Hugging Face transformers on the same model and workload:
+output tokens per second of metroline (fcfs, torch executor), transformers' continuous batching
+(`init_continuous_batching`) and HF static `generate` in left-padded batches.
+
+Workloads (64 requests, greedy, EOS off, random prompts of `--prompt-len` tokens from one seed):
+- `mixed`: 54 requests of 16 output tokens and 10 of 160 (HF's `generate_batch` takes one
+  `max_new_tokens` for all, so continuous batching is driven request by request:
+  `init_continuous_batching` + `start` + `add_request(..., max_new_tokens=n)` + `get_result` +
+  `stop`, with explicit `num_blocks` and `max_batch_tokens`). Static batches run to their longest
+  request; only the requested tokens count.
+- `uniform`: 64 requests of 64 output tokens.
+
+Each engine first runs a short warm-up (not timed). Token counts are checked: every engine must
+produce exactly the requested tokens. Torch timings on a small machine are only stable with the
+allocator settings in `MALLOC_ENV`; the script re-executes itself with them when they are missing.
+
+Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from metroline.core.hookspecs import hookimpl
+
+MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
+              "MALLOC_TOP_PAD_": "536870912"}
+
+WORKLOADS = {"mixed": [16] * 54 + [160] * 10, "uniform": [64] * 64}
+"""Output lengths of each workload's requests, in submission order (long ones last)."""
+
+
+def prompts_for(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, int]:
+    """(seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
+    from metroline.core.config import EngineConfig
+    from metroline.core.engine import Engine
+
+    plugins = [] if _vectorised_sampler() else [_Argmax()]
+    engine = Engine(EngineConfig(policy="fcfs", num_blocks=executor.suggest_num_blocks(16)), executor,
+                    plugins=plugins)
+    t0 = time.perf_counter()
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        engine.add_request({"request_id": str(i), "prompt_token_ids": p,
+                            "sampling": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}})
+    done = engine.run()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(seqs[0].output_token_ids) for seqs in done.values())
+    return dt, tokens
+
+
+def _vectorised_sampler() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("metroline.core.sampling_torch") is not None
+
+
+class _Argmax:
+    """Greedy on the logits tensor, used when the default sampler has no tensor path."""
+
+    name = "argmax"
+
+    @hookimpl
+    def sample(self, seqs: list, logits: Any) -> list[int]:
+        return logits.argmax(dim=-1).tolist()
+
+
+def run_hf_continuous(model: Any, prompts: list[list[int]], lengths: list[int], block_size: int = 32) -> tuple[float, int]:
+    """transformers' continuous batching, each request with its own `max_new_tokens`."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    need = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, lengths))
+    cb = ContinuousBatchingConfig(num_blocks=need + 64, max_batch_tokens=2048, page_size=block_size)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(lengths), eos_token_id=None, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    manager.start()
+    try:
+        t0 = time.perf_counter()
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
+        tokens, done = 0, 0
+        while done < len(prompts):
+            result = manager.get_result(timeout=600)
+            if result is None:
+                raise RuntimeError("HF continuous batching stopped before every request finished")
+            if result.is_finished():
+                if result.error:
+                    raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
+                done += 1
+                tokens += len(result.generated_tokens)
+        dt = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True)
+    return dt, tokens
+
+
+def run_hf_static(model: Any, prompts: list[list[int]], lengths: list[int], batch: int) -> tuple[float, int]:
+    """HF `generate` on left-padded batches of `batch` requests; a batch runs to its longest request."""
+    import torch
+
+    tokens = 0
+    t0 = time.perf_counter()
+    for b in range(0, len(prompts), batch):
+        ps, ns = prompts[b:b + batch], lengths[b:b + batch]
+        width = max(map(len, ps))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in ps])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max(ns), min_new_tokens=max(ns),
+                                 do_sample=False, pad_token_id=0, eos_token_id=None)
+        tokens += sum(min(n, out.shape[1] - width) for n in ns)
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2", help="a model folder, a .gguf or smollm2 (default)")
+    parser.add_argument("--workloads", default="mixed,uniform")
+    parser.add_argument("--engines", default="metroline,hf_cb,hf_static")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--static-batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads, every engine alike (default 1: on a shared machine more threads "
+                        "spin against other processes)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from metroline.executors.torch import TorchExecutor
+    from metroline.executors.torch.attention import register
+    from metroline.executors.torch.loader import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, folder = load(args.model, torch.float32, torch.device("cpu"), register())
+    executor = TorchExecutor(model, tokenizer, source=args.model)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    vocab = executor.vocab_size
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    print(f"model {args.model} (float32, cpu, {torch.get_num_threads()} torch threads); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; prompts of {args.prompt_len} random tokens; greedy, EOS off")
+    warm = prompts_for(4, 8, vocab, 99)
+    runners = {
+        "metroline": lambda ps, ns: run_metroline(executor, ps, ns),
+        "hf_cb": lambda ps, ns: run_hf_continuous(hf, ps, ns),
+        "hf_static": lambda ps, ns: run_hf_static(hf, ps, ns, args.static_batch),
+    }
+    for e in engines:
+        runners[e](warm, [4] * 4)
+    print(f"{'workload':<9} {'engine':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7}")
+    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+        lengths = WORKLOADS[name]
+        prompts = prompts_for(len(lengths), args.prompt_len, vocab, args.seed)
+        rates = {}
+        for e in engines:
+            dt, tokens = runners[e](prompts, lengths)
+            if tokens != sum(lengths):
+                raise RuntimeError(f"{e} on {name}: {tokens} output tokens, expected {sum(lengths)}")
+            rates[e] = tokens / dt
+            print(f"{name:<9} {e:<10} {tokens:>7} {dt:>8.1f} {rates[e]:>7.1f}", flush=True)
+        others = ", ".join(f"{rates['metroline'] / rates[e]:.2f}x {e}" for e in rates if e != "metroline")
+        if "metroline" in rates and others:
+            print(f"{name:<9} metroline = {others}")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""`metroline generate`: text streamed as it is generated, equal to HF generate's greedy text, on a
+seeded random tiny Llama saved with a tokenizer trained offline."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from metroline.cli import main
+
+CORPUS = [
+    "the metro line runs under the river and stops at every station",
+    "passengers board and leave the train at each stop of the line",
+    "a scheduler decides who boards when the cars are full",
+    "tokens stream out of the model one at a time, like trains",
+] * 4
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    # SentencePiece-style pieces (a leading "▁" for a space) so that a token's text depends on its
+    # neighbours: decoding token by token would drop or double spaces
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=96, special_tokens=["<unk>", "</s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-with-tokenizer")
+    tokenizer = _tokenizer()
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+def _hf_greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    new = out[0, ids.shape[1]:].tolist()
+    assert len(new) == max_new_tokens
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+class Recorder(io.StringIO):
+    """stdout that remembers each write, to see the text arrive in pieces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return super().write(s)
+
+
+def test_streamed_text_equals_hf_greedy_text(model_dir, monkeypatch):
+    folder, model, tokenizer = model_dir
+    prompt = "the metro line runs"
+    expected = _hf_greedy_text(model, tokenizer, prompt, 24)
+    assert expected.strip()  # something to compare
+    out = Recorder()
+    monkeypatch.setattr("sys.stdout", out)
+    assert main(["generate", "--model", str(folder), "--max-new-tokens", "24", prompt]) == 0
+    assert out.getvalue() == expected + "\n"
+    pieces = [w for w in out.writes if w]
+    assert len(pieces) > 10  # streamed token by token, not printed at the end
+
+
+def test_several_prompts_print_in_order_under_headers(model_dir, monkeypatch):
+    folder, model, tokenizer = model_dir
+    prompts = ["passengers board", "a scheduler decides who", "tokens"]
+    expected = [_hf_greedy_text(model, tokenizer, p, 12) for p in prompts]
+    out = Recorder()
+    monkeypatch.setattr("sys.stdout", out)
+    assert main(["generate", "--model", str(folder), "--max-new-tokens", "12", *prompts]) == 0
+    assert out.getvalue() == "".join(
+        f"{'' if i == 0 else chr(10)}[{i + 1}] {p}\n{t}" for i, (p, t) in enumerate(zip(prompts, expected))
+    ) + "\n"
+
+
+def test_seeded_sampling_is_reproducible_and_differs_from_greedy(model_dir, capsys):
+    folder, _, _ = model_dir
+    argv = ["generate", "--model", str(folder), "--max-new-tokens", "16", "--temperature", "1.5"]
+    texts = []
+    for seed in (1, 1, 2):
+        assert main([*argv, "--seed", str(seed), "passengers board"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
+    assert texts[0] != texts[2]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-new-tokens", "0", "x"], "--max-new-tokens: Input should be greater than or equal to 1"),
+        (["--top-p", "1.5", "x"], "--top-p: Input should be less than or equal to 1"),
+        (["--chat", "x"], "--chat: the model's tokenizer has no chat template"),
+    ],
+)
+def test_bad_flags_one_line_errors(model_dir, argv, message, capsys):
+    folder, _, _ = model_dir
+    assert main(["generate", "--model", str(folder), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.splitlines()[-1].startswith("metroline: error:")
+
+
+def test_a_prompt_over_max_model_len_is_refused(model_dir, capsys):
+    folder, _, _ = model_dir
+    long_prompt = " ".join(["the metro line runs"] * 80)  # far over 256 tokens
+    assert main(["generate", "--model", str(folder), long_prompt]) == 2
+    assert "exceeds max_model_len=256" in capsys.readouterr().err
