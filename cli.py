@@ -580,8 +580,6 @@ def main(argv: list[str] | None = None) -> int:
                 "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate}
     from .core.diagnostics import validation_message
     from .core.errors import NoProgressError, PluginError
-                "generate": cmd_generate, "calibrate": cmd_calibrate}
-    from .core.errors import PluginError
 
     try:
         return commands[args.command or "run"](args)

@@ -52,9 +52,14 @@ def _hf_greedy_text(model, tokenizer, prompt: str, max_new_tokens: int) -> str:
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    new = out[0, ids.shape[1]:].tolist()
+    prompt_ids, new = ids[0].tolist(), out[0, ids.shape[1]:].tolist()
     assert len(new) == max_new_tokens
-    return tokenizer.decode(new, skip_special_tokens=True)
+    # the text the output adds to the prompt's (what vLLM streams): decoding the
+    # new ids alone would drop a leading "▁" space that the prompt's context keeps
+    whole = tokenizer.decode(prompt_ids + new, skip_special_tokens=True)
+    before = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    assert whole.startswith(before)
+    return whole[len(before):]
 
 
 class Recorder(io.StringIO):
