@@ -502,3 +502,25 @@ def test_a_plugin_registered_after_fcfs_overrides_its_select_victim():
     for rid in "ABC":
         assert engine.sequences(rid)[0].num_output_tokens == 8
     assert_pool_drained(engine)
+
+
+def test_a_plugin_added_after_the_engine_is_built_answers_first():
+    """The relay calls implementations directly (no pluggy machinery) when no wrapper is
+    involved; a plugin added later is still the newest, so it answers first, and a monitor sees
+    every hook call while it is on."""
+
+    class Budget:
+        @hookimpl
+        def split_budget(self, budget):
+            return Split(0, budget, 3)  # prefill only, chunks of 3
+
+    engine = make_engine()
+    engine.add_request(request("a", prompt=list(range(10)), max_new_tokens=2))
+    engine.plugins.add("budget", Budget())
+    calls = []
+    undo = engine.plugins.monitor(lambda name, impls, kwargs: calls.append(name), lambda *a: None)
+    engine.step()
+    undo()
+    engine.step()
+    assert engine.sequences("a")[0].num_computed_tokens == 6  # two chunks of 3
+    assert calls.count("split_budget") == 1 and "admission" in calls
