@@ -129,8 +129,12 @@ class Scheduler:
             self._pending.clear()
             self._hitters.clear()
 
-        num_decoding = sum(1 for s in self.running if s.is_decoding)
-        num_decoding += sum(1 for s in self.swapped if s.is_decoding)
+        num_decoding = 0
+        for queue in (self.running, self.swapped):
+            for s in queue:
+                n = len(s.token_ids)
+                if s.num_computed_tokens == n - 1 and n > s.num_prompt_tokens:  # s.is_decoding
+                    num_decoding += 1
         self.num_decoding = num_decoding
         max_chunk = self._split(num_decoding, len(self.running) - num_decoding + len(self.swapped))
 
@@ -224,23 +228,27 @@ class Scheduler:
 
     def _serve_running(self, plan: StepPlan, max_chunk: int) -> None:
         running = list(self.running)
-        members = set(running)
-        for seq in self.hook.order_running(ctx=self.ctx, running=running):
-            if seq not in members:
+        order = self.hook.order_running(ctx=self.ctx, running=running)
+        members = None if order is running else set(running)  # the list as given needs no check
+        scheduled, grow, schedule = plan.scheduled, self._grow, self._schedule
+        for seq in order:
+            if members is not None and seq not in members:
                 raise self.plugins.invalid("order_running", f"{seq!r} is not a running sequence")
-            if seq.state is not _RUNNING or seq in plan.scheduled:
+            if seq.state is not _RUNNING or seq in scheduled:
                 continue  # preempted as a victim earlier in this step, or listed twice
-            decode = seq.is_decoding
-            if decode:
+            known = len(seq.token_ids)
+            computed = seq.num_computed_tokens
+            if computed == known - 1 and known > seq.num_prompt_tokens:  # decoding
                 if self._decode_left <= 0:
                     continue
-                n = 1
-            else:
-                n = min(seq.num_uncomputed_tokens, self._prefill_left, max_chunk)
-                if n <= 0 or self._prefills_left <= 0:
-                    continue
-            if self._grow(seq, n, plan):
-                self._schedule(seq, n, plan, decode)
+                if grow(seq, 1, plan):
+                    schedule(seq, 1, plan, True)
+                continue
+            n = min(known - computed, self._prefill_left, max_chunk)
+            if n <= 0 or self._prefills_left <= 0:
+                continue
+            if grow(seq, n, plan):
+                schedule(seq, n, plan, False)
 
     def _admit(self, plan: StepPlan, max_chunk: int) -> None:
         answer = self.hook.admission(ctx=self.ctx)
