@@ -361,7 +361,11 @@ def _own_options(configs: list[Any]) -> list[Any]:
     for c in configs:
         names = set()
         for spec in [c.policy, *c.plugins]:
-            names.update((spec, plugin_name(resolve(spec), spec)))
+            names.add(spec)
+            try:
+                names.add(plugin_name(resolve(spec), spec))
+            except Exception:  # noqa: BLE001 - a bad spec is reported by its run, with the policy named
+                pass
         loaded.append(names)
     stray = sorted(set(configs[0].plugin_options) - set().union(*loaded))
     if stray:
