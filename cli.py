@@ -352,6 +352,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_options(configs: list[Any]) -> list[Any]:
+    """Give each compared run the plugin options of the plugins it loads (a config file may hold
+    options for a plugin only some runs stack); an option table no run loads is an error."""
+    from .core.plugins import plugin_name, resolve
+
+    loaded = []
+    for c in configs:
+        names = set()
+        for spec in [c.policy, *c.plugins]:
+            names.add(spec)
+            try:
+                names.add(plugin_name(resolve(spec), spec))
+            except Exception:  # noqa: BLE001 - a bad spec is reported by its run, with the policy named
+                pass
+        loaded.append(names)
+    stray = sorted(set(configs[0].plugin_options) - set().union(*loaded))
+    if stray:
+        raise ValueError(f"plugin_options.{stray[0]}: no compared run loads plugin {stray[0]!r}")
+    return [c.model_copy(update={"plugin_options": {k: v for k, v in c.plugin_options.items() if k in names}})
+            for c, names in zip(configs, loaded)]
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .core import report
     from .core.runner import run_workloads
@@ -369,6 +391,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for label in labels:
         policy, *stacked = label.split("+")
         configs.append(config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]}))
+    configs = _own_options(configs)
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
     jobs, extra = args.jobs, {}
     if getattr(executor, "kv_bytes_per_token", None):

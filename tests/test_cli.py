@@ -197,3 +197,16 @@ def test_the_cli_does_not_import_torch_or_transformers(then):
     assert result.stdout.splitlines()[-1] == "heavy imports: [] []"
     if then:
         assert "policy fcfs | workload chat" in result.stdout
+
+
+def test_compare_gives_each_run_only_the_options_of_the_plugins_it_loads(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text('[run]\nmax_requests = 4\n\n[plugin_options.tenant_quota]\nmax_running = { alpha = 1 }\n')
+    doc_path = tmp_path / "runs.json"
+    assert cli.main(["compare", "--policies", "fcfs,fcfs+tenant_quota", "--jobs", "1",
+                     "--config", str(config), "--json", str(doc_path)]) == 0
+    runs = json.loads(doc_path.read_text())["runs"]
+    assert [r["config"]["plugin_options"] for r in runs] == [{}, {"tenant_quota": {"max_running": {"alpha": 1}}}]
+    # options for a plugin that no compared run loads stay an error naming the table
+    assert cli.main(["compare", "--policies", "fcfs,srpt", "--jobs", "1", "--config", str(config)]) == 2
+    assert "plugin_options.tenant_quota: no compared run loads plugin 'tenant_quota'" in capsys.readouterr().err
