@@ -28,7 +28,8 @@ Run (from the repository root; metroline is imported from this checkout):
         --num-blocks 200 --max-num-seqs 32 --max-batched-tokens 2048 --out tests/data/vllm_x.json
 
 The JSON written is what `tests/test_vllm_preset.py` replays under `--preset vllm` and compares
-request by request. `--summary` prints the preemption count instead of (or as well as) writing.
+request by request. The run always prints its step and preemption counts; `--out` also writes the
+recording.
 """
 
 from __future__ import annotations
