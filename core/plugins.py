@@ -13,6 +13,7 @@ it has one, else the spec; options are looked up under either in `EngineConfig.p
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -64,7 +65,11 @@ def resolve(spec: str) -> Any:
     if ("." in spec or ":" in spec) and all(p.isidentifier() for p in spec.replace(":", ".").split(".")):
         return _import_dotted(spec, spec)
     known = sorted(set(SHIPPED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
-    raise PluginLoadError(f"unknown plugin {spec!r}; known: {', '.join(known)}; or give a dotted path pkg.mod:Obj")
+    close = difflib.get_close_matches(spec, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise PluginLoadError(
+        f"unknown plugin {spec!r}{hint} (known: {', '.join(known)}; or give a dotted path pkg.mod:Obj)"
+    )
 
 
 def _import_dotted(path: str, spec: str) -> Any:

@@ -524,3 +524,15 @@ def test_a_plugin_added_after_the_engine_is_built_answers_first():
     engine.step()
     assert engine.sequences("a")[0].num_computed_tokens == 6  # two chunks of 3
     assert calls.count("split_budget") == 1 and "admission" in calls
+
+
+@pytest.mark.parametrize("typo, meant", [("srtp", "srpt"), ("decode_frist", "decode_first"), ("fcsf", "fcfs")])
+def test_a_misspelt_name_gets_a_did_you_mean(typo, meant):
+    with pytest.raises(PluginLoadError, match=f"unknown plugin '{typo}'; did you mean '{meant}'\\?"):
+        PluginManager(EngineConfig(policy=typo))
+
+
+def test_a_name_like_no_plugin_gets_no_guess():
+    with pytest.raises(PluginLoadError) as info:
+        PluginManager(EngineConfig(policy="zzzzzz"))
+    assert "did you mean" not in str(info.value)
