@@ -55,7 +55,7 @@ DEFAULTS_NAME = "defaults"
 def resolve(spec: str) -> Any:
     """The object a plugin spec names (see the module docstring)."""
     if spec in SHIPPED:
-        return _import_dotted(SHIPPED[spec], spec)
+        return import_dotted(SHIPPED[spec], f"plugin {spec!r}")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             try:
@@ -63,7 +63,7 @@ def resolve(spec: str) -> Any:
             except Exception as exc:  # anything the module raises at import (SyntaxError too)
                 raise PluginLoadError(f"plugin {spec!r}: entry point {ep.value!r} failed to load: {exc}") from exc
     if ("." in spec or ":" in spec) and all(p.isidentifier() for p in spec.replace(":", ".").split(".")):
-        return _import_dotted(spec, spec)
+        return import_dotted(spec, f"plugin {spec!r}")
     known = sorted(set(SHIPPED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
     close = difflib.get_close_matches(spec, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -72,19 +72,21 @@ def resolve(spec: str) -> Any:
     )
 
 
-def _import_dotted(path: str, spec: str) -> Any:
+def import_dotted(path: str, label: str, error: type[Exception] = PluginLoadError, hint: str = "") -> Any:
+    """The object `pkg.mod:attr.sub` names (or the module, without `:`). A failure is one `error`
+    starting with `label` (`"plugin 'x'"`, `"executor 'y'"`); `hint` follows an import error."""
     module_name, _, attr = path.partition(":")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
-        raise PluginLoadError(f"plugin {spec!r}: cannot import {module_name!r}: {exc}") from exc
+        raise error(f"{label}: cannot import {module_name!r}: {exc}{hint}") from exc
     except Exception as exc:  # the module raised while importing (SyntaxError included)
-        raise PluginLoadError(f"plugin {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+        raise error(f"{label}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise PluginLoadError(f"plugin {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+            raise error(f"{label}: {module_name!r} has no attribute {attr!r}") from None
     return obj
 
 

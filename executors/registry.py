@@ -8,9 +8,10 @@ so the simulated path never imports torch.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import entry_points
 from typing import Any
+
+from ..core.plugins import import_dotted
 
 ENTRY_POINT_GROUP = "metroline.executors"
 
@@ -32,18 +33,8 @@ def resolve_executor(spec: str) -> Any:
             known = sorted(set(BUILTIN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
             raise ValueError(f"unknown executor {spec!r}; known: {', '.join(known)}; or give pkg.mod:factory")
         target = spec
-    module_name, _, attr = target.partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = " (pip install 'metroline[torch]')" if spec == "torch" else ""
-        raise ValueError(f"executor {spec!r}: cannot import {module_name!r}: {exc}{hint}") from exc
-    for part in filter(None, attr.split(".")):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"executor {spec!r}: {module_name!r} has no attribute {attr!r}") from None
-    return obj
+    hint = " (pip install 'metroline[torch]')" if spec == "torch" else ""
+    return import_dotted(target, f"executor {spec!r}", ValueError, hint)
 
 
 def make_executor(spec: str, **options: Any) -> Any:
