@@ -224,7 +224,30 @@ def format_comparison_table(docs: list[dict]) -> str:
 # Progress bar
 
 
-class ProgressBar:
+class _InPlaceLine:
+    """A line redrawn in place on `self.stream` by the subclass's `_draw(now)`, when `self.enabled`."""
+
+    enabled: bool
+    stream: TextIO
+
+    def _draw(self, now: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Draw the final state and end the line (nothing when disabled)."""
+        if self.enabled:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def __enter__(self) -> _InPlaceLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProgressBar(_InPlaceLine):
     """A one-line progress bar (`done/total`, percent, elapsed, ETA) redrawn in place on `stream`.
 
     `stream` defaults to `sys.stderr` (looked up when the bar is made); `label` (a policy's name)
@@ -285,18 +308,6 @@ class ProgressBar:
         )
         self.stream.flush()
 
-    def close(self) -> None:
-        """Draw the final state and end the line (nothing when disabled)."""
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -307,7 +318,7 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-class ProgressBoard:
+class ProgressBoard(_InPlaceLine):
     """One line on `stream` (default `sys.stderr`) for several runs going on at once: each run's
     label and share done (`fcfs 41% | srpt 38% | ...`), and the time elapsed.
 
@@ -349,13 +360,6 @@ class ProgressBoard:
         self._last_draw = now
         self.stream.write("\r" + self.line(now) + " ")
         self.stream.flush()
-
-    def close(self) -> None:
-        """Draw the final state and end the line (nothing when disabled)."""
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 # ----------------------------------------------------------------------------------------------
