@@ -28,6 +28,13 @@ class SeqState(IntEnum):
     FINISHED = 3
 
 
+#: Module-level names for the states, for hot loops (a global is cheaper than ``SeqState.X``).
+WAITING, RUNNING, SWAPPED, FINISHED = SeqState.WAITING, SeqState.RUNNING, SeqState.SWAPPED, SeqState.FINISHED
+#: The states of a sequence that waits for a slot: never admitted (or preempted by recompute), or
+#: swapped out. ``seq.state in QUEUED`` is the one test for "in a queue"; no module redefines it.
+QUEUED = frozenset((SeqState.WAITING, SeqState.SWAPPED))
+
+
 class FinishReason(str, Enum):
     EOS = "eos"
     LENGTH = "length"
