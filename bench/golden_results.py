@@ -69,6 +69,8 @@ def _run(name: str, argv: list[str], out: Path, tmp: Path) -> None:
     prefix_token.write_text('prefix_match = "token"\n')
     argv = [a.replace("{prefix_token}", str(prefix_token)) for a in argv]
     js, rq = tmp / f"{name}.json", tmp / f"{name}.csv"
+    if "--cost-model" not in argv:  # pinned, so a change of the default cost model is not a diff
+        argv = [*argv, "--cost-model", "steps"]
     cmd = [sys.executable, "-m", "metroline", *argv, "--json", str(js), "--requests-csv", str(rq), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
