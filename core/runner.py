@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing
 import os
 import time
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from .config import EngineConfig
 from .engine import Engine
 from .errors import NoProgressError, PluginError, RequestRefused
+from .horizon import MeasurementWindow, unfinished_records, window_summary
 from .metrics import result_document
 from .report import ProgressBar, ProgressBoard
 from .workloads import Workload
@@ -34,21 +36,29 @@ def run_workload(
     vocab_size: int = 32000,
     progress: Any = False,
     window_s: float = 60.0,
+    measure: MeasurementWindow | None = None,
 ) -> tuple[dict[str, Any], Engine]:
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
     `metrics.result_document`) and the engine. `progress`: as `replay`'s. `oracle_lengths` tells policies each request's
-    true output length (`expected_output_tokens`); the result says so in its `workload` field."""
+    true output length (`expected_output_tokens`); the result says so in its `workload` field.
+    `measure`: a warm-up and horizon (`core/horizon.py`); the replay stops at the horizon."""
     engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
-    wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
-    return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s), engine
+    until = measure.stop_s if measure is not None else math.inf
+    wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress,
+                    until_s=until)
+    doc = result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s, measure=measure)
+    return doc, engine
 
 
 def result_of(
-    engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False, window_s: float = 60.0
+    engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False, window_s: float = 60.0,
+    measure: MeasurementWindow | None = None,
 ) -> dict[str, Any]:
     """The result document of a finished replay; fairness over windows of `window_s` seconds,
     weighted by the service weights of a plugin that has them (`service_weights`, as
-    `weighted_fair`), else unweighted."""
+    `weighted_fair`), else unweighted. With an active `measure`, the summaries (whole run, per
+    tenant, per priority) are those of its window (`horizon.window_summary`, which adds
+    `unfinished`), and the document gets a `measurement` entry; fairness stays over the run."""
     config = engine.config
     plugins = engine.plugins
     service_weights = next(
@@ -57,7 +67,7 @@ def result_of(
     workload_info = workload.describe()
     if oracle_lengths:
         workload_info["oracle_lengths"] = True
-    return result_document(
+    doc = result_document(
         "+".join([config.policy, *config.plugins]),
         workload_info,
         engine.executor.describe(),
@@ -68,6 +78,23 @@ def result_of(
         window_s=window_s,
         service_weights=service_weights,
     )
+    if measure is not None and measure.active:
+        _measured(doc, engine, workload, measure, wall_s)
+    return doc
+
+
+def _measured(doc: dict[str, Any], engine: Engine, workload: Workload, measure: MeasurementWindow, wall_s: float) -> None:
+    """Replace the summaries of `doc` by those of the measurement window."""
+    stop = measure.stop_s
+    arrivals = [it.arrival_s for it in workload.items if it.arrival_s < stop]
+    records = [*engine.metrics.requests, *unfinished_records(engine, arrivals)]
+    steps = engine.metrics.steps
+    kw = dict(max_num_seqs=engine.config.max_num_seqs, kv_peak_blocks=engine.pool.peak_used_blocks, wall_s=wall_s)
+    doc["summary"] = window_summary(records, steps, measure, **kw)
+    for group, key in (("tenants", lambda r: r.tenant), ("priorities", lambda r: str(r.priority))):
+        names = sorted({key(r) for r in records}, key=(str if group == "tenants" else int))
+        doc[group] = {n: window_summary([r for r in records if key(r) == n], steps, measure, **kw) for n in names}
+    doc["measurement"] = measure.describe()
 
 
 def replay(
@@ -78,12 +105,16 @@ def replay(
     vocab_size: int = 32000,
     progress: Any = False,
     max_idle_steps: int = 1000,
+    until_s: float = math.inf,
 ) -> float:
     """Submit each request of `workload` when the engine's clock reaches its arrival and step
     until all have ended; returns the wall time it took.
 
     `progress`: a progress bar on stderr (True; None: when stderr is a terminal), or an object
     with `update(requests_done)` and `close()` methods.
+
+    `until_s`: stop once the clock reaches it; requests arriving from then on are not submitted,
+    those submitted stay where they are (see `horizon.unfinished_records`).
 
     Requests that fail validation are recorded as rejected and the replay goes on. Raises
     `NoProgressError` when the plugins schedule nothing for `max_idle_steps` steps while requests
@@ -101,7 +132,8 @@ def replay(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps)
+        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps,
+                            until_s)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -111,14 +143,14 @@ def replay(
 
 def _replay_loop(
     engine: Engine, items: list, total: int, step: Callable[[], None], update: Callable[[int], None] | None,
-    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int,
+    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int, until_s: float = math.inf,
 ) -> float:
     executor = engine.executor
     i, idle, gc_countdown = 0, 0, GC_EVERY_STEPS
     wall = time.perf_counter()
     while True:
         now = executor.now()
-        while i < total and items[i].arrival_s <= now:
+        while i < total and items[i].arrival_s <= now and items[i].arrival_s < until_s:
             item = items[i]
             problem = engine.length_problem(item.prompt_len, item.output_len)
             if problem is not None:  # refused before its prompt is made
@@ -132,6 +164,8 @@ def _replay_loop(
             except (ValidationError, RequestRefused) as exc:
                 engine.reject(data, exc)
             i += 1
+        if now >= until_s:
+            break
         if not engine.has_unfinished():
             if i == total:
                 break
@@ -181,6 +215,7 @@ def run_workloads(
     progress: bool | None = False,
     window_s: float = 60.0,
     vocab_size: int | None = None,
+    measure: MeasurementWindow | None = None,
 ) -> list[dict[str, Any]]:
     """Replay `workload` once per config (each on a new engine and a new executor from
     `make_executor()`) and return the result documents in the order of `configs`.
@@ -196,6 +231,8 @@ def run_workloads(
     labels = labels or ["+".join([c.policy, *c.plugins]) for c in configs]
     jobs = min(jobs or default_jobs(), len(configs))
     options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
+    if measure is not None:
+        options["measure"] = measure
     if vocab_size is not None:
         options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
     if jobs <= 1:
