@@ -376,7 +376,7 @@ def _own_options(configs: list[Any]) -> list[Any]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .core import report
-    from .core.runner import run_workloads
+    from .core.parallel import run_workloads
 
     config, run = resolve_options(args)
     user_fields = _user_fields(args, config)

@@ -137,3 +137,20 @@ def window_summary(
     )
     summary["unfinished"] = sum(1 for r in measured if r.finish_reason == UNFINISHED)
     return summary
+
+
+def measured_summaries(doc: dict[str, Any], engine: Any, arrivals: list[float], window: MeasurementWindow,
+                       wall_s: float) -> None:
+    """Replace the summaries of the result document `doc` (whole run, per tenant, per priority)
+    of a replay of requests arriving at `arrivals` on `engine` by those of `window`, and record
+    the window in `doc["measurement"]`."""
+    stop = window.stop_s
+    live = unfinished_records(engine, [t for t in arrivals if t < stop])
+    records = [*engine.metrics.requests, *live]
+    steps = engine.metrics.steps
+    kw = dict(max_num_seqs=engine.config.max_num_seqs, kv_peak_blocks=engine.pool.peak_used_blocks, wall_s=wall_s)
+    doc["summary"] = window_summary(records, steps, window, **kw)
+    for group, key in (("tenants", lambda r: r.tenant), ("priorities", lambda r: str(r.priority))):
+        names = sorted({key(r) for r in records}, key=(str if group == "tenants" else int))
+        doc[group] = {n: window_summary([r for r in records if key(r) == n], steps, window, **kw) for n in names}
+    doc["measurement"] = window.describe()

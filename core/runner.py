@@ -1,11 +1,10 @@
-"""Replaying a workload through an engine: arrivals on the engine's clock, then the result document."""
+"""Replaying a workload through an engine: arrivals on the engine's clock, then the result document.
+(Several replays in parallel: `core/parallel.py`.)"""
 
 from __future__ import annotations
 
 import gc
 import math
-import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +13,10 @@ from pydantic import ValidationError
 
 from .config import EngineConfig
 from .engine import Engine
-from .errors import NoProgressError, PluginError, RequestRefused
-from .horizon import MeasurementWindow, unfinished_records, window_summary
+from .errors import RequestRefused
+from .horizon import MeasurementWindow, measured_summaries
 from .metrics import result_document
-from .report import ProgressBar, ProgressBoard
+from .report import ProgressBar
 from .workloads import Workload
 
 
@@ -79,22 +78,8 @@ def result_of(
         service_weights=service_weights,
     )
     if measure is not None and measure.active:
-        _measured(doc, engine, workload, measure, wall_s)
+        measured_summaries(doc, engine, [it.arrival_s for it in workload.items], measure, wall_s)
     return doc
-
-
-def _measured(doc: dict[str, Any], engine: Engine, workload: Workload, measure: MeasurementWindow, wall_s: float) -> None:
-    """Replace the summaries of `doc` by those of the measurement window."""
-    stop = measure.stop_s
-    arrivals = [it.arrival_s for it in workload.items if it.arrival_s < stop]
-    records = [*engine.metrics.requests, *unfinished_records(engine, arrivals)]
-    steps = engine.metrics.steps
-    kw = dict(max_num_seqs=engine.config.max_num_seqs, kv_peak_blocks=engine.pool.peak_used_blocks, wall_s=wall_s)
-    doc["summary"] = window_summary(records, steps, measure, **kw)
-    for group, key in (("tenants", lambda r: r.tenant), ("priorities", lambda r: str(r.priority))):
-        names = sorted({key(r) for r in records}, key=(str if group == "tenants" else int))
-        doc[group] = {n: window_summary([r for r in records if key(r) == n], steps, measure, **kw) for n in names}
-    doc["measurement"] = measure.describe()
 
 
 def replay(
@@ -188,116 +173,3 @@ def _replay_loop(
         if update is not None:
             update(len(records))
     return time.perf_counter() - wall
-
-
-# ----------------------------------------------------------------------------------------------
-# Several runs of one workload, in parallel worker processes
-
-_JOB: dict[str, Any] = {}  # what forked workers inherit: the workload, the configs, the options
-
-
-def default_jobs() -> int:
-    """One worker per core this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def run_workloads(
-    workload: Workload,
-    configs: list[EngineConfig],
-    make_executor: Callable[[], Any],
-    *,
-    jobs: int | None = None,
-    labels: list[str] | None = None,
-    oracle_lengths: bool = False,
-    progress: bool | None = False,
-    window_s: float = 60.0,
-    vocab_size: int | None = None,
-    measure: MeasurementWindow | None = None,
-) -> list[dict[str, Any]]:
-    """Replay `workload` once per config (each on a new engine and a new executor from
-    `make_executor()`) and return the result documents in the order of `configs`.
-
-    `jobs` worker processes (default: one per core) run them in parallel. Each worker is a fork of
-    this process, so it replays the very workload object built here, with the same interpreter
-    state (hash seed included), and a document equals the one a run in this process gives, except
-    `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
-    `progress` shows one line with each run's share done, labelled by `labels` (default: the
-    policies)."""
-    if jobs is not None and jobs < 1:
-        raise ValueError(f"jobs: must be at least 1, got {jobs}")
-    labels = labels or ["+".join([c.policy, *c.plugins]) for c in configs]
-    jobs = min(jobs or default_jobs(), len(configs))
-    options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
-    if measure is not None:
-        options["measure"] = measure
-    if vocab_size is not None:
-        options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
-    if jobs <= 1:
-        docs = []
-        for label, config in zip(labels, configs):
-            bar = ProgressBar(len(workload.items), enabled=progress, label=label)
-            doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
-            engine.close()
-            docs.append(doc)
-        return docs
-    board = ProgressBoard(labels, len(workload.items), enabled=progress)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.SimpleQueue() if board.enabled else None
-    _JOB.update(workload=workload, configs=configs, make_executor=make_executor, options=options, queue=queue)
-    try:
-        with ctx.Pool(jobs) as pool:
-            pending = pool.map_async(_run_job, range(len(configs)), chunksize=1)
-            while not pending.ready():
-                pending.wait(0.1)
-                while queue is not None and not queue.empty():
-                    board.update(*queue.get())
-            results = pending.get()
-    finally:
-        _JOB.clear()
-        board.close()
-    docs = []
-    for label, (doc, error) in zip(labels, results):
-        if error is not None:
-            raise ValueError(f"{label}: {error}")
-        docs.append(doc)
-    return docs
-
-
-def _run_job(index: int) -> tuple[dict[str, Any] | None, str | None]:
-    """One run in a worker: (document, None), or (None, the error's message) for the errors the
-    command reports as such (the exception itself may not survive pickling)."""
-    job = _JOB
-    queue = job["queue"]
-    bar = _QueuedProgress(index, queue) if queue is not None else False
-    try:
-        doc, _ = run_workload(job["workload"], job["configs"][index], job["make_executor"](), progress=bar, **job["options"])
-    except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return doc, None
-
-
-class _QueuedProgress:
-    """A worker's progress: `(run index, done)` on the parent's queue, at most ~10 times a second."""
-
-    __slots__ = ("index", "queue", "_countdown", "_last")
-
-    def __init__(self, index: int, queue: Any) -> None:
-        self.index, self.queue = index, queue
-        self._countdown = 256
-        self._last = 0.0
-
-    def update(self, done: int) -> None:
-        self._countdown -= 1
-        if self._countdown > 0:
-            return
-        self._countdown = 256
-        now = time.monotonic()
-        if now - self._last >= 0.1:
-            self._last = now
-            self.queue.put((self.index, done))
-
-    def close(self) -> None:
-        self.queue.put((self.index, None))
