@@ -8,8 +8,6 @@ import math
 from operator import sub
 from typing import Any, Iterable
 
-import numpy as np
-
 from .metrics_collector import (
     COMPLETED_REASONS, DECODE_TOKENS, DECODING, NUM_SEQS, PREFILL_TOKENS, REJECTED, RUNNING, TIME_S, RequestRecord,
 )
@@ -39,6 +37,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
     """The `q`-th percentile (0..100) of a non-empty list, interpolated linearly
     (`numpy.percentile`'s default `method="linear"`: the value at rank `(n - 1) * q / 100`,
     interpolated between its two neighbours)."""
+    import numpy as np  # here, not at the top: `metroline --help` does not load numpy
+
     if len(sorted_values) == 0:
         raise ValueError("percentile of an empty population")
     return float(np.percentile(sorted_values, q))
@@ -46,6 +46,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def distribution(values: Iterable[float]) -> dict[str, float | None]:
     """`{"mean", "p50", "p90", "p95", "p99", "max"}` of `values`; all None when there are none."""
+    import numpy as np
+
     xs = np.fromiter(values, dtype=float)
     if not xs.size:
         return dict.fromkeys(LATENCY_FIELDS)

@@ -35,7 +35,7 @@ def _own_options(configs: list[Any]) -> list[Any]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run each policy of `--policies` on one workload (in parallel workers); print the comparison."""
-    from .. import report
+    from .. import report, result_files
     from ..runner import run_workloads
 
     config, run = resolve_options(args)
@@ -67,7 +67,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
         **extra,
     )
-    print(report.format_comparison_table(docs))
+    report.print_comparison_table(docs)
     if args.json:
-        report.write_json(args.json, {"runs": docs})
+        result_files.write_json(args.json, {"runs": docs})
     return 0

@@ -9,7 +9,7 @@ from .options import check_output_paths, make_workload, prepare
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the workload under the policy of `args`; print the summary table."""
-    from .. import report
+    from .. import report, result_files
     from ..runner import run_workload
 
     config, run, executor = prepare(args)
@@ -31,11 +31,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if writer is not None:
             writer.close()
     engine.close()
-    print(report.format_summary_table(doc))
+    report.print_summary_table(doc)
     if args.json:
-        report.write_json(args.json, doc)
+        result_files.write_json(args.json, doc)
     if args.requests_csv:
-        report.write_requests_csv(args.requests_csv, engine.metrics.requests)
+        result_files.write_requests_csv(args.requests_csv, engine.metrics.requests)
     if args.steps_csv:
-        report.write_steps_csv(args.steps_csv, engine.metrics.steps)
+        result_files.write_steps_csv(args.steps_csv, engine.metrics.steps)
     return 0
