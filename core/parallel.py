@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from .config import EngineConfig
 from .errors import NoProgressError, PluginError
 from .horizon import MeasurementWindow
-from .report import ProgressBar, ProgressBoard
+from .progress import ProgressBar, ProgressBoard
 from .runner import run_workload
 from .workloads import Workload
 

@@ -16,7 +16,7 @@ from .engine import Engine
 from .errors import RequestRefused
 from .horizon import MeasurementWindow, measured_summaries
 from .metrics import result_document
-from .report import ProgressBar
+from .progress import ProgressBar
 from .workloads import Workload
 
 
