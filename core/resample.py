@@ -24,14 +24,30 @@ the seed, independent of the process.
 
 from __future__ import annotations
 
+import math
 import random
 from bisect import bisect_left
 from itertools import accumulate
 
-from .workloads import WorkloadError, WorkloadItem
+from .workload_items import WorkloadError, WorkloadItem
 
 RESAMPLE_METHODS = ("redraw", "window")
 """The ways `resample` draws a new workload from a trace (see the module docstring)."""
+
+
+def parse_method(text: str) -> tuple[str, float | None]:
+    """`(method, window_s)` of a `--resample` value: "redraw", or "window:SECONDS"."""
+    method, sep, seconds = text.partition(":")
+    if method == "redraw" and not sep:
+        return method, None
+    if method == "window" and sep:
+        try:
+            window_s = float(seconds)
+        except ValueError:
+            window_s = math.nan
+        if math.isfinite(window_s) and window_s > 0:
+            return method, window_s
+    raise WorkloadError(f"resample: {text!r}: expected 'redraw' or 'window:SECONDS' (seconds > 0)")
 
 
 def resample(items: list[WorkloadItem], seed: int, method: str = "redraw", window_s: float | None = None) -> list[WorkloadItem]:

@@ -44,6 +44,8 @@ DEFAULT_LEVEL = 0.95
 DEFAULT_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 20_231_130
 """The bootstrap's own seed: fixed, so equal values give equal intervals in every run."""
+ROUNDING = 1e-9
+"""Paired values closer than this, relative to the larger, are equal (`paired_difference`)."""
 FEW_SEEDS = 5
 """Below this many values, a 95% interval of a mean covers it noticeably less often than 95%."""
 _CHUNK_CELLS = 4_000_000  # resampled values held at once (32 MB of float64)
@@ -213,11 +215,15 @@ def paired_difference(
 ) -> PairedDifference:
     """B (`values`) against A (`baseline`), both one value per draw in the same order: the
     interval of the mean paired difference B - A (resampling the draws, so each pair stays
-    together), its relative form (divided by A's mean) and the verdict."""
+    together), its relative form (divided by A's mean) and the verdict. A pair that differs by no
+    more than float rounding (`ROUNDING`, relative) counts as equal: the same time per token
+    summed in another order must not make a verdict."""
     a, b = np.asarray(baseline, dtype=float), np.asarray(values, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired_difference needs two equal-length lists, got {a.shape} and {b.shape}")
-    diff = bootstrap_ci(b - a, "mean", level=level, resamples=resamples, expanded=True)
+    d = b - a
+    d[np.abs(d) <= ROUNDING * np.maximum(np.abs(a), np.abs(b))] = 0.0  # equal but for float rounding
+    diff = bootstrap_ci(d, "mean", level=level, resamples=resamples, expanded=True)
     base = float(a.mean()) if a.size else 0.0
     relative = None
     if base != 0.0:

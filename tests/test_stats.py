@@ -167,3 +167,10 @@ def test_the_relative_difference_is_none_when_the_baseline_mean_is_zero():
     d = paired_difference([0.0, 0.0, 0.0], [1.0, 2.0, 1.5], "higher")
     assert d.relative is None and d.verdict == BETTER
     assert d.as_dict()["relative"] is None and d.as_dict()["verdict"] == BETTER
+
+
+def test_differences_of_float_rounding_make_no_verdict():
+    a = [0.01, 0.01, 0.01]
+    b = [0.009999999999999998, 0.009999999999999997, 0.009999999999999998]
+    d = paired_difference(a, b, "lower")
+    assert d.verdict == NO_DIFFERENCE and d.difference.low == d.difference.high == 0.0

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import check_output_paths, fit_config, make_executor, make_workload, resolve_options, user_fields
+from .options import (
+    check_output_paths, fit_config, make_executor, make_workload, measurement, resolve_options, user_fields,
+    workload_seed,
+)
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 """The shipped ordering policies: what `metroline compare` compares by default."""
@@ -33,20 +36,47 @@ def _own_options(configs: list[Any]) -> list[Any]:
             for c, names in zip(configs, loaded)]
 
 
+def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[int], list[Any]]:
+    """The K workload draws of `compare --seeds K`: seeds `seed`, `seed` + 1, ... (`seed` None: the
+    workload's own seed, a spec file's or 0), each a synthetic workload drawn with its seed or a
+    trace resampled with it."""
+    first = make_workload(run, seed)
+    if seed is None:
+        seed = first.params.get("seed")
+        if seed is None:  # a trace as recorded: its draws are resamples 0, 1, ...
+            seed, first = 0, make_workload(run, 0)
+    seeds = [seed + i for i in range(k)]
+    return seeds, [first, *(make_workload(run, s) for s in seeds[1:])]
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Run each policy of `--policies` on one workload (in parallel workers); print the comparison."""
+    """Run each policy of `--policies` on one workload (in parallel workers); print the comparison.
+    With `--seeds K`, on K draws of it, and print the paired comparison (`core/paired.py`)."""
     from .. import report, result_files
-    from ..parallel import run_workloads
+    from ..paired import format_paired_table, paired_comparison
+    from ..parallel import run_grid
 
     config, run = resolve_options(args)
     fields = user_fields(args, config)
     check_output_paths(args)
-    workload = make_workload(run, config.seed)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not labels:
         raise ValueError("--policies: give at least one policy")
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
+    if args.seeds is not None and args.seeds < 2:
+        raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
+    if args.baseline is not None and args.seeds is None:
+        raise ValueError("--baseline: applies with --seeds only")
+    baseline = labels[0] if args.baseline is None else args.baseline
+    if baseline not in labels:
+        raise ValueError(f"--baseline: {baseline!r} is not one of --policies ({', '.join(labels)})")
+    if len(set(labels)) < len(labels) and args.seeds is not None:
+        raise ValueError("--policies: a policy listed twice cannot be told apart in a comparison over seeds")
+    if args.seeds is None:
+        seeds, workloads = None, [make_workload(run, workload_seed(config))]
+    else:
+        seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
     configs = []
     for label in labels:
         policy, *stacked = label.split("+")
@@ -62,12 +92,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     close = getattr(executor, "close", None)
     if close is not None:
         close()
-    docs = run_workloads(
-        workload, configs, lambda: make_executor(run), jobs=jobs, labels=labels,
+    grid = run_grid(
+        workloads, configs, lambda: make_executor(run), jobs=jobs, labels=labels,
         oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
-        **extra,
+        measure=measurement(run), **extra,
     )
-    report.print_comparison_table(docs)
+    if seeds is None:
+        report.print_comparison_table(grid[0])
+        if args.json:
+            result_files.write_json(args.json, {"runs": grid[0]})
+        return 0
+    comparison = paired_comparison({label: [row[c] for row in grid] for c, label in enumerate(labels)}, seeds, baseline)
+    print(format_paired_table(comparison), end="")
     if args.json:
-        result_files.write_json(args.json, {"runs": docs})
+        result_files.write_json(args.json, {"runs": [doc for row in grid for doc in row], "comparison": comparison})
     return 0

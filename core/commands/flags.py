@@ -48,6 +48,14 @@ def run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces-dir", help="folder of the trace files (default: ../shared/traces)")
     p.add_argument("--window", type=float, metavar="S",
                    help="seconds per fairness window (default 60): whole-run totals hide unfairness")
+    p.add_argument("--warmup", type=float, metavar="S",
+                   help="leave out of the figures the requests arriving in the first S seconds")
+    p.add_argument("--horizon", type=float, metavar="S",
+                   help="stop at S seconds; requests unfinished then are counted, their latencies "
+                   "censored at S (no survivor bias)")
+    p.add_argument("--resample", metavar="METHOD",
+                   help="how a trace is redrawn for a seed: redraw (default: rows and arrival gaps "
+                   "drawn with replacement) or window:S (a random S-second stretch); see core/resample.py")
     p.add_argument("--json", metavar="PATH", help="write the result document")
     p.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
     p.add_argument("--steps-csv", metavar="PATH", help="write one row per step")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import check_output_paths, make_workload, prepare
+from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -14,7 +14,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config, run, executor = prepare(args)
     check_output_paths(args)
-    workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     vocab = getattr(executor, "vocab_size", None)
     writer = None
     if args.outputs:
@@ -25,7 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         doc, engine = run_workload(
             workload, config, executor, plugins=[writer] if writer else None,
             oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
-            **({"vocab_size": vocab} if vocab else {}),
+            measure=measurement(run), **({"vocab_size": vocab} if vocab else {}),
         )
     finally:
         if writer is not None:
