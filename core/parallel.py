@@ -31,17 +31,7 @@ def default_jobs() -> int:
 
 
 def run_workloads(
-    workload: Workload,
-    configs: list[EngineConfig],
-    make_executor: Callable[[], Any],
-    *,
-    jobs: int | None = None,
-    labels: list[str] | None = None,
-    oracle_lengths: bool = False,
-    progress: bool | None = False,
-    window_s: float = 60.0,
-    vocab_size: int | None = None,
-    measure: MeasurementWindow | None = None,
+    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any,
 ) -> list[dict[str, Any]]:
     """Replay `workload` once per config (each on a new engine and a new executor from
     `make_executor()`) and return the result documents in the order of `configs`.
@@ -51,9 +41,9 @@ def run_workloads(
     state (hash seed included), and a document equals the one a run in this process gives, except
     `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
     `progress` shows one line with each run's share done, labelled by `labels` (default: the
-    policies). `measure`: the measurement window of every run (`run_workload`)."""
-    return run_grid([workload], configs, make_executor, jobs=jobs, labels=labels, oracle_lengths=oracle_lengths,
-                    progress=progress, window_s=window_s, vocab_size=vocab_size, measure=measure)[0]
+    policies). The `options` are `run_grid`'s: `jobs`, `labels`, `oracle_lengths`, `progress`,
+    `window_s`, `vocab_size` and `measure` (the measurement window of every run, `run_workload`)."""
+    return run_grid([workload], configs, make_executor, **options)[0]
 
 
 def run_grid(

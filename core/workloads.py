@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import text_requests
+from .resample import parse_method, resample as draw
 from .token_streams import segment_tokens
 from .traces import find_traces_dir, load_azure, load_mooncake, load_trace
 from .workload_generators import (
@@ -93,8 +94,6 @@ def build_workload(
     `groups` is for `mixed-64` only. Then, for any source: the first `max_requests` by arrival are
     kept and `rate_scale` / `length_scale` applied (`scale_items`).
     """
-    from .resample import parse_method, resample as draw
-
     method, window_s = parse_method(resample)
     if not (isinstance(rate_scale, (int, float)) and math.isfinite(rate_scale) and rate_scale > 0):
         raise WorkloadError(f"rate_scale must be a number > 0, got {rate_scale!r}")

@@ -8,14 +8,7 @@ from metroline.core.horizon import MeasurementWindow
 from metroline.core.parallel import run_grid, run_workloads
 from metroline.core.workloads import build_workload
 from metroline.executors.registry import simulated
-
-
-def without_wall_time(value):
-    if isinstance(value, dict):
-        return {k: without_wall_time(v) for k, v in value.items() if k != "wall_s"}
-    if isinstance(value, list):
-        return [without_wall_time(v) for v in value]
-    return value
+from test_compare_parallel import without_wall_time
 
 
 def test_a_grid_of_workloads_and_configs_equals_the_runs_one_by_one():
