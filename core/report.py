@@ -52,6 +52,7 @@ HEADLINE = (
     ("requests", "requests", _int),
     ("completed", "completed", _int),
     ("rejected", "rejected", _int),
+    ("unfinished", "unfinished", _int),
     ("steps", "steps", _int),
     ("duration (s)", "duration_s", lambda v: _float(v, 3)),
     ("wall (s)", "wall_s", lambda v: _float(v, 3)),
@@ -67,6 +68,8 @@ HEADLINE = (
     ("prefill share", "prefill_token_share", _pct),
     ("zero-decode steps", "zero_decode_steps", _int),
 )
+ONLY_WHEN_PRESENT = frozenset({"unfinished"})
+"""Headline keys shown only when a summary has them (`unfinished`: a run with a `--horizon`)."""
 
 
 def _title(doc: dict) -> str:
@@ -147,7 +150,7 @@ def _summary_parts(doc: dict) -> list[Any]:
     parts: list[Any] = [Text(title, style="bold"), "=" * len(title)]
 
     headline = _table("", "", "", "", header=False, labels=(0, 2), gap=2)
-    cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE]
+    cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE if key in s or key not in ONLY_WHEN_PRESENT]
     for i in range(0, len(cells), 2):
         pair = cells[i:i + 2]
         headline.add_row(*(x for cell in pair for x in cell), *([""] * (4 - 2 * len(pair))))
@@ -243,6 +246,8 @@ def _comparison_table(docs: list[dict]) -> Any:
         ("executor", [_name(d.get("executor")) for d in docs]),
     ]
     for label, key, fmt in HEADLINE:
+        if key in ONLY_WHEN_PRESENT and not any(key in d["summary"] for d in docs):
+            continue
         rows.append((label, [fmt(d["summary"].get(key)) for d in docs]))
     for label, key in LATENCY_ROWS:
         for f in COMPARISON_FIELDS:

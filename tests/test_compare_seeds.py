@@ -157,3 +157,11 @@ def test_compare_seeds_on_a_trace_resamples_it(tmp_path):
     assert doc["comparison"]["seeds"] == [0, 1]
     values = doc["comparison"]["policies"]["fcfs"]["summary.e2e_s.mean"]["values"]
     assert values[0] != values[1]
+
+
+def test_the_run_table_shows_unfinished_only_with_a_horizon(capsys):
+    assert main("run", *SMALL, "--max-num-seqs", "4") == 0
+    assert "unfinished" not in capsys.readouterr().out
+    assert main("run", *SMALL, "--max-num-seqs", "4", "--horizon", "1") == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "unfinished" in x)
+    assert int(line.split("unfinished")[1].split()[0]) > 0
