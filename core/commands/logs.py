@@ -8,12 +8,20 @@ from ..progress import is_terminal
 
 
 class _Stderr:
-    """Whatever `sys.stderr` is when an event is written (a test may replace it)."""
+    """Whatever `sys.stderr` is when an event is written (a test may replace it), one whole line
+    per write: the worker processes of `compare` share the file, and a line written in pieces
+    could be cut by another process's line."""
+
+    def __init__(self) -> None:
+        self._pending: list[str] = []
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        self._pending.append(text)
+        return len(text)
 
     def flush(self) -> None:
+        text, self._pending = "".join(self._pending), []
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 
