@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .sequence import SeqState, Sequence
+from .sequence import QUEUED, RUNNING, Sequence
 
 
 class Candidates:
@@ -46,9 +46,6 @@ class Candidates:
         return Candidates(_filtered(iter(self._items), admit, self.head_of_line, admitted), self.head_of_line)
 
 
-_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
-
-
 def _filtered(
     items: Iterator[Sequence], keep: Callable[[Sequence], bool], stop: bool, admitted: Callable[[Sequence], Any] | None
 ) -> Iterator[Sequence]:
@@ -56,17 +53,17 @@ def _filtered(
     try:
         for seq in items:
             if last is not None:
-                if last.state is SeqState.RUNNING:
+                if last.state is RUNNING:
                     admitted(last)
                 last = None
             if keep(seq):
-                if admitted is not None and seq.state in _QUEUED:
+                if admitted is not None and seq.state in QUEUED:
                     last = seq
                 yield seq
             elif stop:
                 return
     finally:
-        if last is not None and last.state is SeqState.RUNNING:
+        if last is not None and last.state is RUNNING:
             admitted(last)
         close = getattr(items, "close", None)
         if close is not None:
