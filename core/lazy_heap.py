@@ -136,12 +136,13 @@ class LazyHeap:
 
 
 class ArrivalQueue:
-    """A base for policies that keep the waiting requests in arrival order: `self.queue` is a
-    `LazyHeap` by `arrival_key`, fed by `on_arrival` and `on_preempted` (a preempted request
-    keeps its place). A subclass that overrides either hook must mark it `@hookimpl` again."""
+    """A base for policies that keep the waiting requests in one queue keyed once: `self.queue`
+    is a `LazyHeap` by `key` (default `arrival_key`: arrival order), fed by `on_arrival` and
+    `on_preempted` (a preempted request keeps its key, and so its place). A subclass that
+    overrides either hook must mark it `@hookimpl` again."""
 
-    def __init__(self) -> None:
-        self.queue = LazyHeap(key=arrival_key)
+    def __init__(self, key: Callable[[Sequence], Any] = arrival_key) -> None:
+        self.queue = LazyHeap(key=key)
 
     @hookimpl
     def on_arrival(self, seqs: list[Sequence]) -> None:

@@ -16,11 +16,11 @@ import math
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
+from ..core.lazy_heap import ArrivalQueue, LazyHeap
 from ..core.sequence import RUNNING, Sequence
 
 
-class Priority:
+class Priority(ArrivalQueue):
     """Admits by effective priority, then arrival; preempts the least urgent running request.
 
     Decides:
@@ -76,7 +76,7 @@ class Priority:
         self.aging_rate = float(aging_rate)
         self.preempt_threshold = None if preempt_threshold is None else float(preempt_threshold)
         rate = self.aging_rate
-        self.queue = LazyHeap(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
+        super().__init__(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
         # the running sequences, worst first (the keys negated): `peek()` is the victim
         self.running = LazyHeap(
             key=lambda s: (-(s.priority + rate * s.arrival_time), -s.arrival_time, -s.arrival_no, -s.index),
@@ -86,18 +86,6 @@ class Priority:
     def key(self, seq: Sequence) -> float:
         """The static aging key: effective priority at time `now` is `key - aging_rate * now`."""
         return seq.priority + self.aging_rate * seq.arrival_time
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        push = self.queue.push
-        for s in seqs:
-            push(s)
-
-    @hookimpl
-    def on_preempted(self, seqs: list[Sequence]) -> None:
-        push = self.queue.push
-        for s in seqs:
-            push(s)
 
     @hookimpl
     def on_admitted(self, ctx: StepContext, seqs: list[Sequence]) -> None:
