@@ -65,6 +65,13 @@ def _filtered(
     finally:
         if last is not None and last.state is RUNNING:
             admitted(last)
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()  # the policy's own generator gets its cleanup (e.g. LazyHeap's put-back)
+        close_candidates(items)
+
+
+def close_candidates(items: Any) -> None:
+    """Close `items` when it can be closed (a generator): its `finally` runs now, e.g. a
+    `LazyHeap.ordered()` puts back what was not taken. A wrapper that stops pulling from the answer
+    below it calls this, so the policy's own generator gets its cleanup."""
+    close = getattr(items, "close", None)
+    if close is not None:
+        close()

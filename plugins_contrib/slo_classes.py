@@ -7,7 +7,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from ..core.budget import Split
-from ..core.candidates import Candidates
+from ..core.candidates import Candidates, close_candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
@@ -16,12 +16,6 @@ from ..core.sequence import QUEUED, RUNNING, Sequence
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
-
-
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
 
 
 class SLOClasses:
@@ -189,8 +183,8 @@ class SLOClasses:
                     continue  # tried above
                 yield s
         finally:
-            _close(first)  # the heap takes back the interactive requests still waiting
-            _close(rest)
+            close_candidates(first)  # the heap takes back the interactive requests still waiting
+            close_candidates(rest)
 
     @hookimpl(wrapper=True)
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Generator[None, Any, Any]:
