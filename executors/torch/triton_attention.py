@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .triton_common import DOT_MIN, PagedArgs, check_cache, check_device
-from .triton_decode import launch_decode, num_splits as default_num_splits
+from .triton_decode import choose_num_splits, launch_decode
 from .triton_prefill import launch_prefill
 
 LOG2E = 1.4426950408889634
@@ -143,7 +143,7 @@ def paged_attention(
     warps = 8 if block_d >= 128 or ieee else 4
 
     max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-    splits = num_splits or default_num_splits(q.device, num_seqs * num_kv_heads, max_context, block_n)
+    splits = num_splits or choose_num_splits(q.device, num_seqs * num_kv_heads, max_context, block_n)
     launch_decode(q, k_cache, v_cache, out, paged, splits=splits, block_n=block_n, block_d=block_d, ieee=ieee,
                   warps=warps)
     if num_tokens > num_seqs:  # some sequence has more than one query token

@@ -86,7 +86,7 @@ def decode_merge_kernel(
 _SM_COUNT: dict[int, int] = {}
 
 
-def num_splits(device: torch.device, programs: int, max_context: int, block_n: int) -> int:
+def choose_num_splits(device: torch.device, programs: int, max_context: int, block_n: int) -> int:
     """Key splits for the decode kernel: enough programs to fill the GPU twice over, each split
     keeping at least 4 key tiles; 1 when the interpreter runs."""
     if device.type != "cuda":
