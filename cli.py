@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_flags(run)
     run_flags(run)
     run.add_argument("--outputs", metavar="PATH", help="write one JSON line per finished sequence: id, "
-                     "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason")
+                     "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason (default: none)")
     compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
@@ -48,14 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seeds", type=int, metavar="K",
                          help="run every policy on K draws of the workload (seeds --seed, --seed + 1, ...; "
                          "a trace is resampled, see --resample) and print each metric's mean with its 95%% "
-                         "interval and each policy's paired difference from the baseline with a verdict")
+                         "interval and each policy's paired difference from the baseline with a verdict (default: one run "
+                         "of the workload, no intervals)")
     compare.add_argument("--baseline", metavar="NAME",
-                         help="with --seeds: the policy the others are compared with (default: the first)")
+                         help="with --seeds: the policy the others are compared with (default: the first of --policies)")
     compare.add_argument("--jobs", type=int, metavar="N",
                          help="worker processes running the policies in parallel (default: one per core; "
                          "1 runs them one by one here); the results do not depend on it")
-    engine_flags(compare)
-    run_flags(compare)
+    engine_flags(compare, compare=True)
+    run_flags(compare, compare=True)
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
     engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")

@@ -149,11 +149,14 @@ def _summary_parts(doc: dict) -> list[Any]:
     title = _title(doc)
     parts: list[Any] = [Text(title, style="bold"), "=" * len(title)]
 
-    headline = _table("", "", "", "", header=False, labels=(0, 2), gap=2)
+    # two figures a line: a label 20 wide, its value right-aligned in 12, 4 spaces between the pairs
+    headline = _table("", "", "", "", "", header=False, labels=(0, 2, 3), gap=0)
+    for column, width in zip(headline.columns, (20, 12, 4, 20, 12)):
+        column.min_width = width
     cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE if key in s or key not in ONLY_WHEN_PRESENT]
     for i in range(0, len(cells), 2):
-        pair = cells[i:i + 2]
-        headline.add_row(*(x for cell in pair for x in cell), *([""] * (4 - 2 * len(pair))))
+        (a, x), *rest = cells[i:i + 2]
+        headline.add_row(a, x, "", *(rest[0] if rest else ("", "")))
     parts += [_indented(headline), ""]
 
     latency = _table("latency (ms)", *LATENCY_FIELDS, min_width=9)

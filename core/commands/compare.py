@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .flags import COMPARE_REFUSED
+from .logs import log_to_stderr
 from .options import (
     check_output_paths, fit_config, make_executor, make_workload, measurement, resolve_options, user_fields,
     workload_seed,
@@ -56,7 +58,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..paired import format_paired_table, paired_comparison
     from ..parallel import run_grid
 
+    for key, why in COMPARE_REFUSED.items():
+        if getattr(args, key, None) is not None:
+            raise ValueError(f"--{key.replace('_', '-')}: {why}")
     config, run = resolve_options(args)
+    if config.debug:
+        log_to_stderr()
     fields = user_fields(args, config)
     check_output_paths(args)
     labels = [p.strip() for p in args.policies.split(",") if p.strip()]

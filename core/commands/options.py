@@ -52,7 +52,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         table = data.pop("run", {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: run: must be a table of run options (valid: {', '.join(RUN_KEYS)})")
-        run.update(table)
+        run.update(relative_to_file(table, Path(args.config)))
         data.pop("serve", None)  # the server's table (metroline serve)
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
@@ -106,6 +106,29 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, where, EngineConfig)) from None
     return config, options
+
+
+def relative_to_file(table: dict[str, Any], config_path: Path) -> dict[str, Any]:
+    """The `[run]` table of the config file at `config_path` with its relative paths (a workload
+    file, the traces folder, a cost model's `path` parameter) taken from the file's folder, not
+    the working directory; a built-in workload name stays a name."""
+    from ..workload_generators import BUILTIN_WORKLOADS
+
+    folder = config_path.parent
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, str) and value and value not in BUILTIN_WORKLOADS and not Path(value).is_absolute():
+            return str(folder / value)
+        return value
+
+    table = dict(table)
+    for key in ("workload", "traces_dir"):
+        if key in table:
+            table[key] = resolved(table[key])
+    params = table.get("cost_params")
+    if isinstance(params, dict) and "path" in params:
+        table["cost_params"] = {**params, "path": resolved(params["path"])}
+    return table
 
 
 def check_output_paths(args: argparse.Namespace) -> None:

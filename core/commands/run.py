@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .logs import log_to_stderr
 from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
 
 
@@ -13,6 +14,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..runner import run_workload
 
     config, run, executor = prepare(args)
+    if config.debug:
+        log_to_stderr()
     check_output_paths(args)
     workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     vocab = getattr(executor, "vocab_size", None)
