@@ -59,6 +59,7 @@ class MeasurementWindow:
         return math.inf if self.horizon_s is None else float(self.horizon_s)
 
     def describe(self) -> dict[str, float | None]:
+        """The window as the result document records it (`"measurement"`)."""
         return {"warmup_s": float(self.warmup_s), "horizon_s": self.horizon_s}
 
 

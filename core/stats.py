@@ -63,9 +63,11 @@ class Interval:
     n: int
 
     def contains(self, x: float) -> bool:
+        """Whether `x` lies in [low, high]."""
         return self.low <= x <= self.high
 
     def as_dict(self) -> dict[str, float | int]:
+        """The interval as JSON types."""
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level, "n": self.n}
 
 
