@@ -10,7 +10,7 @@ comparison; `format_paired_table` prints it. The statistics are `core/stats.py`'
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from .stats import DEFAULT_LEVEL, FEW_SEEDS, interval, paired_difference
 
@@ -87,17 +87,25 @@ def paired_comparison(
     return {"seeds": list(seeds), "baseline": baseline, "level": level, "metrics": metrics, "policies": policies}
 
 
-def _number(v: float | None, scale: float) -> str:
-    if v is None:
-        return "-"
-    x = v * scale
-    return f"{x:.0f}" if abs(x) >= 1000 else f"{x:.3g}" if abs(x) < 10 else f"{x:.1f}"
+def _format_of(x: float) -> str:
+    """The format of a figure of magnitude `x`: whole numbers from 1000, then 1, 2 decimals, then 3
+    significant digits."""
+    x = abs(x)
+    return ".0f" if x >= 1000 else ".1f" if x >= 10 else ".2f" if x >= 1 else ".3g"
 
 
 def _mean_cell(mean: dict[str, Any] | None, scale: float) -> str:
     if mean is None:
         return "-"
-    return f"{_number(mean['estimate'], scale)} [{_number(mean['low'], scale)}, {_number(mean['high'], scale)}]"
+    est, low, high = (mean[k] * scale for k in ("estimate", "low", "high"))
+    f = _format_of(est)
+    return f"{est:{f}} [{low:{f}}, {high:{f}}]"
+
+
+def _pct(x: float) -> str:
+    """A relative difference in percent: one decimal, or two significant digits below 0.05%."""
+    p = x * 100
+    return f"{p:+.2g}%" if 0 < abs(p) < 0.05 else f"{p:+.1f}%"
 
 
 def _diff_cell(diff: dict[str, Any] | None) -> str:
@@ -105,9 +113,10 @@ def _diff_cell(diff: dict[str, Any] | None) -> str:
         return ""
     rel = diff["relative"]
     if rel is None:
-        return f"{diff['difference']['estimate']:+.3g} {diff['verdict'] or ''}".rstrip()
-    pct: Callable[[float], str] = lambda x: f"{x * 100:+.1f}%"  # noqa: E731
-    text = f"{pct(rel['estimate'])} [{pct(rel['low'])}, {pct(rel['high'])}]"
+        d = diff["difference"]["estimate"]
+        text = f"{d:+{_format_of(d)}}"
+    else:
+        text = f"{_pct(rel['estimate'])} [{_pct(rel['low'])}, {_pct(rel['high'])}]"
     return f"{text} {diff['verdict']}" if diff["verdict"] else text
 
 
@@ -134,7 +143,7 @@ def format_paired_table(comparison: dict[str, Any]) -> str:
              f"differences paired seed by seed, relative to {base}'s mean"]
     if k < FEW_SEEDS:
         lines.append(f"note: with {k} seeds an interval covers the true value less often than {level:.0%} "
-                     f"(with 3, about 75%); use --seeds 10 for intervals to trust")
+                     "(about 75% with 3 seeds, 93% with 5); use --seeds 10 for intervals to trust")
     header = f"{'':<{label_w}}" + "".join(f"{p:>{w}}" for p, w in zip(labels, widths))
     lines += [header, "-" * len(header)]
     lines += [f"{name:<{label_w}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths)) for name, vals in rows]

@@ -92,3 +92,11 @@ def test_metric_paths_read_numbers_only():
     assert metric_value(d, ("summary", "e2e_s", "mean", "deeper")) is None
     assert metric_value({"summary": {"x": True}}, ("summary", "x")) is None
     assert len({path for _, path, *_ in PAIRED_METRICS}) == len(PAIRED_METRICS)
+
+
+def test_a_tiny_but_consistent_difference_is_not_printed_as_zero():
+    runs = {"a": [doc(e, 1000.0) for e in BASE_E2E], "b": [doc(e * 1.00002, 1000.0) for e in BASE_E2E]}
+    table = format_paired_table(paired_comparison(runs, SEEDS, "a"))
+    lines = table.splitlines()
+    verdict_line = lines[next(i for i, x in enumerate(lines) if x.startswith("E2E mean")) + 1]
+    assert "worse" in verdict_line and "+0.002%" in verdict_line and "+0.0%" not in verdict_line
