@@ -59,11 +59,15 @@ def series_of(engine: Any, doc: dict[str, Any], bins: int = BINS) -> RunSeries:
     bin_s = (end - start) / bins if end > start else 1.0
     batch, queue, kv = [0.0] * bins, [0.0] * bins, [0.0] * bins
     for s in steps:
-        d = s[DURATION_S]
-        k = _bin(s[TIME_S] - d / 2, start, bin_s, bins)
-        batch[k] += s[NUM_SEQS] * d
-        queue[k] += (s[WAITING] + s[SWAPPED]) * d
-        kv[k] += s[USED_BLOCKS] * d
+        t1 = s[TIME_S]
+        t0 = t1 - s[DURATION_S]
+        for k in range(_bin(t0, start, bin_s, bins), _bin(t1, start, bin_s, bins) + 1):
+            # the part of the step inside bin k
+            d = min(t1, start + (k + 1) * bin_s) - max(t0, start + k * bin_s)
+            if d > 0:
+                batch[k] += s[NUM_SEQS] * d
+                queue[k] += (s[WAITING] + s[SWAPPED]) * d
+                kv[k] += s[USED_BLOCKS] * d
     service: dict[str, list[float]] = {}
     for r in records:
         if r.finish_reason == REJECTED:
