@@ -84,13 +84,17 @@ def test_plots_have_labelled_axes_with_units_and_one_colour_per_policy(tmp_path,
         assert line_colours(fig) == {label: palette[label] for label in LABELS}
 
 
-def test_the_batch_series_is_the_step_logs_mean_batch(compared):
+def test_the_series_integrate_to_the_run_totals(compared):
     doc, series = compared
     for d, s in zip(doc["runs"], series):
         # time-weighted over bins of equal width, steps of equal length (steps cost model): the
         # bins' mean over the busy time equals the per-step mean batch size
         busy = d["summary"]["steps"] * 0.01
         assert sum(s.batch) * s.bin_s / busy == pytest.approx(d["summary"]["mean_batch_size"], rel=1e-9)
+        # the per-tenant service integrates to the tokens each tenant was served
+        for tenant, row in s.tenant_service.items():
+            served = sum(r.prompt_tokens - r.cached_prompt_tokens + r.output_tokens for r in s.records if r.tenant == tenant)
+            assert sum(row) * s.bin_s == pytest.approx(served, rel=1e-9)
 
 
 def test_a_sweep_report_draws_load_plots(tmp_path):
