@@ -37,25 +37,35 @@ def canonical(doc: Any) -> bytes:
     return json.dumps(without_wall_clock(doc), indent=2, allow_nan=False).encode()
 
 
-def differences(a: Any, b: Any, path: str = "", out: list[str] | None = None) -> list[str]:
+def leaves(doc: Any, path: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every value of a JSON document that is not a non-empty dict or list, by its path
+    (`.runs[0].summary.completed`)."""
+    out = {} if out is None else out
+    if isinstance(doc, dict) and doc:
+        for k, v in doc.items():
+            leaves(v, f"{path}.{k}", out)
+    elif isinstance(doc, list) and doc:
+        for i, v in enumerate(doc):
+            leaves(v, f"{path}[{i}]", out)
+    else:
+        out[path] = doc
+    return out
+
+
+def differences(a: Any, b: Any) -> list[str]:
     """Where `a` and `b` differ, as `path: before -> after` lines (the first `MAX_LISTED`)."""
-    out = [] if out is None else out
-    if len(out) >= MAX_LISTED:
-        return out
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in [*a, *(k for k in b if k not in a)]:
-            if k not in a or k not in b:
-                out.append(f"{path}.{k}: only in the {'original' if k in a else 'replay'}")
-            else:
-                differences(a[k], b[k], f"{path}.{k}", out)
-    elif isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            out.append(f"{path}: {len(a)} items in the original, {len(b)} in the replay")
-        for i, (x, y) in enumerate(zip(a, b)):
-            differences(x, y, f"{path}[{i}]", out)
-    elif a != b or type(a) is not type(b):
-        out.append(f"{path}: {a!r:.80} -> {b!r:.80}")
-    return out[:MAX_LISTED]
+    before, after = leaves(a), leaves(b)
+    out = []
+    for path in [*before, *(p for p in after if p not in before)]:
+        if path not in after:
+            out.append(f"{path}: only in the original")
+        elif path not in before:
+            out.append(f"{path}: only in the replay")
+        elif before[path] != after[path] or type(before[path]) is not type(after[path]):
+            out.append(f"{path}: {before[path]!r:.80} -> {after[path]!r:.80}")
+        if len(out) >= MAX_LISTED:
+            break
+    return out
 
 
 def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

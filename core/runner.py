@@ -171,29 +171,18 @@ def default_jobs() -> int:
 
 
 def run_workloads(
-    workload: Workload,
-    configs: list[EngineConfig],
-    make_executor: Callable[[], Any],
-    *,
-    jobs: int | None = None,
-    labels: list[str] | None = None,
-    oracle_lengths: bool = False,
-    progress: bool | None = False,
-    window_s: float = 60.0,
-    vocab_size: int | None = None,
+    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any
 ) -> list[dict[str, Any]]:
     """Replay `workload` once per config (each on a new engine and a new executor from
     `make_executor()`) and return the result documents in the order of `configs`.
 
-    `jobs` worker processes (default: one per core) run them in parallel. Each worker is a fork of
-    this process, so it replays the very workload object built here, with the same interpreter
-    state (hash seed included), and a document equals the one a run in this process gives, except
-    `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
-    `progress` shows one line with each run's share done, labelled by `labels` (default: the
-    policies)."""
-    runs = run_many([(workload, c) for c in configs], make_executor, jobs=jobs, labels=labels,
-                    oracle_lengths=oracle_lengths, progress=progress, window_s=window_s, vocab_size=vocab_size)
-    return [doc for doc, _ in runs]
+    `options` are `run_many`'s (but `extract`): `jobs` worker processes (default: one per core)
+    run them in parallel. Each worker is a fork of this process, so it replays the very workload
+    object built here, with the same interpreter state (hash seed included), and a document equals
+    the one a run in this process gives, except `wall_s` (the host's time, which no two runs
+    share). `jobs=1` runs them here, one by one. `progress` shows one line with each run's share
+    done, labelled by `labels` (default: the policies)."""
+    return [doc for doc, _ in run_many([(workload, c) for c in configs], make_executor, **options)]
 
 
 def run_many(
