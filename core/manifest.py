@@ -9,6 +9,8 @@ Every document metroline writes carries one under its top-level `manifest` key:
   package metroline requires or offers as an extra (None when not installed);
 - `command`: the command line (`argv`, after `metroline`) and the folder it ran in (`cwd`);
 - `config` and `run`: the engine config and the run options, as resolved (defaults filled in);
+  `config_file` and `cost_model_file`: the `--config` file and a calibrated cost model's file,
+  each with its sha256, when there are;
 - `plugins`: every plugin the runs load (policy, stacked plugins, the core's defaults) with its
   options and the sha256 of its module's source file;
 - `workload`: its name and source, the sha256 of its file (a trace or a spec: the same content
@@ -158,14 +160,17 @@ def seeds_of(config: Any, workload: Any) -> dict[str, Any]:
 def build_manifest(
     argv: list[str], config: Any, run: dict[str, Any], workload: Any, *,
     configs: list[Any] | None = None, seeds: dict[str, Any] | None = None, cwd: str | None = None,
+    config_file: str | None = None,
 ) -> dict[str, Any]:
     """The manifest (see the module docstring) of the runs of `configs` (default: `config` alone)
-    on `workload`, started by `argv` with run options `run`."""
+    on `workload`, started by `argv` with run options `run` (and `config_file`, the `--config`
+    file, whose hash it records, as that of a calibrated cost model's file)."""
     configs = configs or [config]
     extra: dict[str, Any] = {}
     params = run.get("cost_params") or {}
-    if isinstance(params.get("path"), str) and Path(params["path"]).is_file():
-        extra["cost_model_file"] = {"path": str(Path(params["path"]).resolve()), "sha256": sha256_file(params["path"])}
+    for key, path in (("config_file", config_file), ("cost_model_file", params.get("path"))):
+        if isinstance(path, str) and Path(path).is_file():
+            extra[key] = {"path": str(Path(path).resolve()), "sha256": sha256_file(path)}
     return {
         "metroline": {"version": metroline_version(), "git": git_state()},
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation()},

@@ -84,6 +84,9 @@ def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         now = new_plugins.get(p["spec"], {})
         if p.get("sha256") != now.get("sha256"):
             notes.append(f"plugin {p['spec']}: its source ({p.get('module')}) changed")
+    for key in ("config_file", "cost_model_file"):
+        if (old.get(key) or {}).get("sha256") != (new.get(key) or {}).get("sha256"):
+            notes.append(f"{key.replace('_', ' ')} {(old.get(key) or {}).get('path')}: changed")
     for key in ("file_sha256", "items_sha256"):
         if old.get("workload", {}).get(key) != new.get("workload", {}).get(key):
             what = "file" if key == "file_sha256" else "requests"

@@ -61,7 +61,9 @@ def test_the_manifest_names_code_inputs_and_seeds(tmp_path):
     spec.write_text(SPEC)
     config = EngineConfig(policy="fcfs", plugins=["tenant_quota"], plugin_options={"tenant_quota": {"max_running": {"a": 2}}},
                           seed=3)
-    m = build_manifest(["run", "--workload", str(spec)], config, {"workload": str(spec)}, build_workload(str(spec)))
+    m = build_manifest(["run", "--workload", str(spec)], config, {"workload": str(spec)}, build_workload(str(spec)),
+                       config_file=str(spec))
+    assert m["config_file"]["sha256"] == sha256_file(spec) and "cost_model_file" not in m
     assert m["command"]["argv"] == ["run", "--workload", str(spec)]
     assert m["seeds"] == {"engine": 3, "workload": 7}  # the spec's own seed
     assert m["config"]["plugins"] == ["tenant_quota"]
@@ -130,6 +132,8 @@ def test_differences_and_changed_inputs_list_paths():
         ".a[1]: 2 -> 3", ".b: only in the original", ".c: only in the replay"]
     old = {"metroline": {"version": "0.1"}, "packages": {"x": "1"}, "workload": {"source": "w", "file_sha256": "a"}}
     new = {"metroline": {"version": "0.2"}, "packages": {"x": "2"}, "workload": {"source": "w", "file_sha256": "b"}}
+    old["config_file"], new["config_file"] = {"path": "c.toml", "sha256": "1"}, {"path": "c.toml", "sha256": "2"}
     notes = changed_inputs(old, new)
+    assert "config file c.toml: changed" in notes
     assert any(n.startswith("metroline:") for n in notes)
     assert "package x: 1 then, 2 now" in notes and "workload w: its file changed" in notes
