@@ -15,7 +15,7 @@ from .config import EngineConfig
 from .engine import Engine
 from .errors import NoProgressError, PluginError, RequestRefused
 from .metrics import result_document
-from .report import ProgressBar, ProgressBoard
+from .progress import ProgressBar, ProgressBoard
 from .workloads import Workload
 
 
