@@ -75,7 +75,8 @@ def meets(r: RequestRecord, bounds: dict[str, float]) -> bool:
 def evaluate(records: Iterable[RequestRecord], bounds: dict[str, float], duration_s: float) -> dict[str, Any]:
     """SLO figures of one run: `{"bounds", "requests", "met", "attainment", "goodput_req_s",
     "met_by_metric"}`. `attainment` = met / requests (every request counts, rejected ones too);
-    `goodput_req_s` = met / `duration_s` (the run's duration, first arrival to last finish);
+    `goodput_req_s` = met / `duration_s` (the run's duration, first arrival to last finish: the
+    summary's request throughput, counting only the requests within every SLO);
     `met_by_metric`: for each bound alone, the share of requests within it."""
     records = list(records)
     n = len(records)

@@ -113,7 +113,7 @@ def test_a_sweep_report_draws_load_plots(tmp_path):
     assert fig.axes[-1].get_xlabel() == "offered load (requests/s)"
     assert line_colours(fig) == {label: palette[label] for label in LABELS}
     lat = plots.latency_vs_load(doc["points"], tmp_path / "l.png", palette)
-    assert all(ax.get_ylabel().endswith("(s)") for ax in lat.axes)
+    assert [ax.get_ylabel() for ax in lat.axes] == ["TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)", "E2E p99 (s)"]
     assert [ax.get_xlabel() for ax in lat.axes[2:]] == ["offered load (requests/s)"] * 2
 
 
@@ -133,3 +133,30 @@ def test_intervals_and_verdicts_are_shown_when_present():
     assert "| b | a | ttft_s.mean |" in md and "<td>worse</td>" in page
     full = {k: None for k in ("requests", "completed")}
     assert comparison_table([{"summary": {**summary, **full}}], ["a"]).rows[4][1] == "200 [150, 250]"
+
+
+def test_run_and_compare_write_a_report_from_the_command_line(tmp_path, capsys):
+    from metroline import cli
+
+    argv = ["--workload", "chat", "--max-requests", "80", "--max-num-seqs", "16", "--cost-model", "steps", "--no-progress"]
+    assert cli.main(["run", *argv, "--report", str(tmp_path / "one")]) == 0
+    assert cli.main(["compare", "--policies", "fcfs,srpt", "--jobs", "2", *argv, "--slo", "ttft=1",
+                     "--report", str(tmp_path / "two")]) == 0
+    assert f"report: {tmp_path / 'two' / 'report.html'}" in capsys.readouterr().out
+    for folder, labels in ((tmp_path / "one", ["fcfs"]), (tmp_path / "two", LABELS)):
+        assert all((folder / f"{name}.png").stat().st_size > 0 for name in ("cdf_ttft", "engine_over_time"))
+        assert sorted(p.stem for p in (folder / "requests").glob("*.csv")) == labels
+        doc = json.loads((folder / "result.json").read_text())
+        assert doc["manifest"]["command"]["argv"][0] in ("run", "compare")
+    two = json.loads((tmp_path / "two" / "result.json").read_text())
+    assert all(run["slo"]["bounds"] == {"ttft": 1.0} for run in two["runs"])
+    assert "SLO attainment" in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_a_report_folder_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
+    from metroline import cli
+
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert cli.main(["run", "--workload", "chat", "--max-requests", "5", "--report", str(taken)]) == 2
+    assert f"--report: {taken} is a file, not a folder" in capsys.readouterr().err

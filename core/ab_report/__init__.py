@@ -36,7 +36,7 @@ def _prepare(folder: str | Path) -> Path:
 
 
 def _write(folder: Path, blocks: list[Block], title: str, doc: dict[str, Any]) -> None:
-    from ..report import write_json
+    from ..result_files import write_json
 
     (folder / "report.md").write_text(f"# {title}\n\n" + to_markdown(blocks), encoding="utf-8")
     (folder / "report.html").write_text(to_html([Heading(title, 1), *blocks], title), encoding="utf-8")
@@ -62,9 +62,13 @@ def _run_plots(folder: Path, series: dict[str, RunSeries], palette: dict[str, An
 def _load_blocks(load: dict[str, Any] | None) -> list[Block]:
     if not load:
         return []
-    text = load.get("message") or (
-        f"load: about {fmt(load['load'])} x the estimated capacity of {fmt(load['capacity_req_s'])} req/s "
-        "(policies can differ at this load)")
+    text = load.get("message")
+    if not text and "load" in load:
+        text = (f"load: about {fmt(load['load'])} x the estimated capacity of {fmt(load['capacity_req_s'])} req/s "
+                "(requests queue: the policies can differ at this load)")
+    elif not text:
+        text = (f"the rates swept cover the estimated capacity of {fmt(load['capacity_req_s'])} req/s "
+                "(not too light at the highest rate, not too heavy at the lowest)")
     return [Heading("Load"), Paragraph(text)]
 
 
@@ -74,7 +78,7 @@ def write_compare_report(
     """Write the report of a comparison: `doc` is its result document (`{"runs", "manifest",
     "load_check"?}`), `series` the `RunSeries` of each run, in the order of `labels`."""
     from . import plots
-    from ..report import write_requests_csv
+    from ..result_files import write_requests_csv
 
     _require_matplotlib()
     folder = _prepare(folder)
@@ -103,7 +107,7 @@ def write_sweep_report(folder: str | Path, doc: dict[str, Any], series: dict[tup
     """Write the report of a load sweep: `doc` is `Sweep.document` (with its manifest), `series`
     the `RunSeries` of each (policy, rate) point."""
     from . import plots
-    from ..report import write_requests_csv
+    from ..result_files import write_requests_csv
 
     _require_matplotlib()
     folder = _prepare(folder)

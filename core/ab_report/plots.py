@@ -136,8 +136,9 @@ def tenant_service(series: dict[str, RunSeries], path: Path, palette: dict[str, 
     return _save(fig, path)
 
 
-SWEEP_LATENCIES = (("ttft_s", "p50", "TTFT p50 (s)"), ("ttft_s", "p99", "TTFT p99 (s)"),
-                   ("tpot_s", "p50", "TPOT p50 (s)"), ("e2e_s", "p99", "E2E p99 (s)"))
+SWEEP_LATENCIES = (("ttft_s", "p50", "TTFT p50 (s)", 1.0), ("ttft_s", "p99", "TTFT p99 (s)", 1.0),
+                   ("tpot_s", "p50", "TPOT p50 (ms)", 1000.0), ("e2e_s", "p99", "E2E p99 (s)", 1.0))
+"""(summary key, statistic, axis label with unit, scale from seconds) of the latency-against-load panels."""
 
 
 def _by_policy(points: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -151,11 +152,11 @@ def latency_vs_load(points: list[dict[str, Any]], path: Path, palette: dict[str,
     """Latency percentiles against the offered rate, one line per policy, four panels."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.5), sharex=True)
-    for ax, (key, stat, ylabel) in zip(axes.flat, SWEEP_LATENCIES):
+    for ax, (key, stat, ylabel, scale) in zip(axes.flat, SWEEP_LATENCIES):
         for label, pts in _by_policy(points).items():
             xs = [p["offered"]["rate_req_s"] for p in pts]
             ys = [(p["summary"].get(key) or {}).get(stat) for p in pts]
-            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", ms=3,
+            ax.plot(xs, [float("nan") if y is None else y * scale for y in ys], marker="o", ms=3,
                     color=palette.get(label), label=label)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
@@ -190,5 +191,7 @@ def goodput_vs_load(doc: dict[str, Any], path: Path, palette: dict[str, Any]) ->
         ax.grid(True, alpha=0.3)
     top.legend(fontsize="small")
     bounds = ", ".join(f"{k} <= {v:g} s" for k, v in doc["sweep"]["bounds"].items())
-    top.set_title(f"goodput and SLO attainment against load (SLO: {bounds}; dotted: capacity at SLO)")
+    top.set_title(f"goodput and SLO attainment against load\nSLO: {bounds}; dashed: the "
+                  f"{doc['sweep']['attainment_target']:.0%} target; dotted: each policy's capacity at SLO",
+                  fontsize="medium")
     return _save(fig, path)

@@ -114,12 +114,12 @@ def verdict_table(docs: list[dict[str, Any]], labels: list[str]) -> Table | None
 def capacity_table(doc: dict[str, Any]) -> Table:
     """A sweep's capacity at SLO per policy."""
     target = doc["sweep"]["attainment_target"]
-    table = Table(["policy", f"capacity at SLO (req/s, >= {target:.0%} within SLO)", "next rate tried (req/s)",
-                   "attainment there"])
+    table = Table(["policy", f"capacity at SLO (req/s, >= {target:.0%} within SLO)", "attainment there",
+                   "lowest rate failing (req/s)"])
     for label, c in doc["capacity"].items():
         lo, hi = c["bracket"]
         table.rows.append([label, fmt(c["rate_req_s"]) if lo is not None else "below the rates tried",
-                           fmt(hi) if hi is not None else "none higher", fmt(c["attainment"], "pct")])
+                           fmt(c["attainment"], "pct"), fmt(hi) if hi is not None else "none tried"])
     return table
 
 
