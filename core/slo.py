@@ -21,6 +21,17 @@ ATTAINMENT_TARGET = 0.9
 """The share of requests that must meet the SLOs for a load to count as served at SLO."""
 
 
+def positive_number(text: str, where: str, unit: str) -> float:
+    """`text` as a finite number > 0; else `ValueError` starting with `where`."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: {text.strip()!r} is not a number of {unit}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{where}: must be a number of {unit} > 0")
+    return x
+
+
 def parse_slo(text: str, flag: str = "--slo") -> dict[str, float]:
     """`"ttft=0.5,tpot=0.05"` -> `{"ttft": 0.5, "tpot": 0.05}` (seconds, each > 0); a bad item
     raises `ValueError` naming `flag`."""
@@ -32,12 +43,7 @@ def parse_slo(text: str, flag: str = "--slo") -> dict[str, float]:
         key = key.strip().lower()
         if not sep or key not in SLO_METRICS:
             raise ValueError(f"{flag}: {item!r}: expected METRIC=SECONDS with METRIC one of {', '.join(SLO_METRICS)}")
-        try:
-            bound = float(value)
-        except ValueError:
-            raise ValueError(f"{flag}: {item!r}: {value!r} is not a number of seconds") from None
-        if not (math.isfinite(bound) and bound > 0):
-            raise ValueError(f"{flag}: {item!r}: the bound must be a number of seconds > 0")
+        bound = positive_number(value, f"{flag}: {item!r}", "seconds")
         if key in bounds:
             raise ValueError(f"{flag}: {key} is given twice")
         bounds[key] = bound

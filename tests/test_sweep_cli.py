@@ -74,8 +74,8 @@ def test_compare_warns_about_a_light_load_and_names_the_rate_scale(tmp_path, spe
 
 @pytest.mark.parametrize("argv, problem", [
     (["--rates", "auto", "--slo", "ttft=1", "--rate-scale", "2"], "--rate-scale: a sweep sets the rate itself"),
-    (["--rates", "10,x", "--slo", "ttft=1"], "--rates: 'x' is not a number"),
-    (["--rates", "0", "--slo", "ttft=1"], "--rates: '0': a rate must be a number > 0"),
+    (["--rates", "10,x", "--slo", "ttft=1"], "--rates: 'x' is not a number of requests per second"),
+    (["--rates", "0", "--slo", "ttft=1"], "--rates: must be a number of requests per second > 0"),
     (["--rates", "auto", "--slo", "ttft"], "--slo: 'ttft': expected METRIC=SECONDS"),
 ])
 def test_bad_sweep_options_are_refused_in_one_line(spec, capsys, argv, problem):

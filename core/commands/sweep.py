@@ -4,7 +4,6 @@ at SLO of each (see `core/sweep.py`)."""
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 from .compare import policy_configs, refuse_run_flags
@@ -17,15 +16,9 @@ def parse_rates(text: str) -> list[float] | None:
     """`--rates`: `auto` (None: bisection) or comma-separated requests per second, each > 0."""
     if text.strip().lower() == "auto":
         return None
-    rates = []
-    for item in (p.strip() for p in text.split(",") if p.strip()):
-        try:
-            rate = float(item)
-        except ValueError:
-            raise ValueError(f"--rates: {item!r} is not a number of requests per second (or give auto)") from None
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"--rates: {item!r}: a rate must be a number > 0")
-        rates.append(rate)
+    from ..slo import positive_number
+
+    rates = [positive_number(item, "--rates", "requests per second") for item in (p.strip() for p in text.split(",")) if item]
     if not rates:
         raise ValueError("--rates: give rates in requests per second (r1,r2,...) or auto")
     return rates
