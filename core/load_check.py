@@ -16,7 +16,9 @@ estimates the capacity C in requests per second:
 - otherwise the engine is saturated and serves as fast as it can: C = the rate at which requests
   finished while they arrived.
 
-The load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the time at an offered
+A run whose arrivals span less than `STEADY_SPANS` mean service times (first scheduling to end)
+never reaches a steady state (the batch is still filling when the last request arrives): its load
+is *short* and no capacity is estimated from it. Otherwise the load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the time at an offered
 rate below `LIGHT_LOAD` x C (near capacity, requests that arrive regularly may not queue either,
 and a higher rate would not help), *heavy* when the offered rate is above `HEAVY_LOAD` x C, else
 fine. The suggestion is the `--rate-scale` that
@@ -31,6 +33,8 @@ LIGHT_QUEUED_SHARE = 0.05
 """Below this share of the time with a request waiting, the load is too light for policies to differ."""
 SATURATED_QUEUED_SHARE = 0.5
 """From this share of the time with a request waiting, the engine counts as saturated."""
+STEADY_SPANS = 3.0
+"""A run's arrivals must span this many mean service times for its load to be judged."""
 LIGHT_LOAD = 0.8
 """A load below this multiple of the capacity where nobody waits is too light."""
 HEAVY_LOAD = 1.5
@@ -41,9 +45,13 @@ TARGET_LOAD = 0.95
 
 def estimate(stats: dict[str, Any]) -> dict[str, Any] | None:
     """`{"kind": "light" | "heavy" | "fine", "load", "capacity_req_s", "suggested_rate_scale", ...}`
-    for one run's `load_stats` (None when it has no span to measure, e.g. a single request)."""
+    for one run's `load_stats`; `{"kind": "short", ...}` for a run too short to judge; None when it
+    has no span to measure (a single request)."""
     if not stats or not stats.get("span_s"):
         return None
+    service = stats.get("service_s")
+    if service is not None and stats["span_s"] < STEADY_SPANS * service:
+        return {"kind": "short", "span_s": stats["span_s"], "service_s": service}
     offered, use, queued = stats["offered_rate_req_s"], stats["utilisation"], stats["queued_share"]
     if queued >= SATURATED_QUEUED_SHARE or use <= 0:
         capacity = stats["served_rate_req_s"]
@@ -77,6 +85,12 @@ def check(runs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any] | Non
     found = [(label, e) for label, e in ((lb, estimate(s)) for lb, s in zip(labels, runs)) if e is not None]
     if not found:
         return None
+    short = [e for _, e in found if e["kind"] == "short"]
+    if short:
+        return {"kind": "short", "runs": dict(found), "message": (
+            f"note: the load cannot be judged: requests arrive over {short[0]['span_s']:.3g} s, under "
+            f"{STEADY_SPANS:g} x their mean service time of {short[0]['service_s']:.3g} s (the batch is still "
+            "filling when the last one arrives); use more requests")}
     kinds = {e["kind"] for _, e in found}
     kind = kinds.pop() if len(kinds) == 1 else "fine"
     median = sorted(found, key=lambda item: item[1]["capacity_req_s"])[len(found) // 2][1]

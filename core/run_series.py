@@ -116,7 +116,9 @@ def load_stats(records: list[RequestRecord], steps: list[tuple], config: Any, do
     - `utilisation`: the largest of the three (the resource that binds first);
     - `queued_share`: the share of the span during which some request waited (waiting or swapped);
     - `offered_rate_req_s`: requests / span (arrivals per second);
-    - `served_rate_req_s`: requests that finished within the span / span.
+    - `served_rate_req_s`: requests that finished within the span / span;
+    - `service_s`: the mean time a completed request spent from its first scheduling to its end
+      (E2E minus queueing; None when nothing completed).
     """
     arrivals = sorted(r.arrival_s for r in records)
     if not arrivals:
@@ -152,6 +154,12 @@ def load_stats(records: list[RequestRecord], steps: list[tuple], config: Any, do
         "queued_share": queued / span,
         "offered_rate_req_s": (len(arrivals) - 1) / span if arrivals[-1] > arrivals[0] else len(arrivals) / span,
         "served_rate_req_s": served / span,
+        "service_s": _mean_service(doc),
         "rate_scale": (doc.get("workload") or {}).get("rate_scale", 1.0),
     }
 
+
+def _mean_service(doc: dict[str, Any]) -> float | None:
+    summary = doc.get("summary") or {}
+    e2e, queue = (summary.get("e2e_s") or {}).get("mean"), (summary.get("queue_s") or {}).get("mean")
+    return e2e - queue if e2e is not None and queue is not None else None

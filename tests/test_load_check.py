@@ -55,3 +55,15 @@ def test_several_policies_are_light_only_when_every_one_is():
     assert mixed["kind"] == "fine" and mixed["message"] is None
     assert set(mixed["runs"]) == {"a", "b"}
     assert load_check.check([{}], ["a"]) is None
+
+
+def test_a_run_shorter_than_a_few_service_times_is_not_judged():
+    # 30 requests at 0.1 C arrive over 7.25 s, each served OUT steps = 0.2 s: long enough; at
+    # 5 C they arrive over 0.145 s, under 3 service times, and the batch is still filling
+    w = at_rate(workload(), 5 * CAPACITY)
+    w.items = w.items[:30]
+    doc, engine = run_workload(w, config(), sim())
+    stats = series_of(engine, doc).load
+    assert stats["service_s"] == pytest.approx(OUT * STEP, rel=0.05)
+    found = load_check.check([stats], ["fcfs"])
+    assert found["kind"] == "short" and found["message"].startswith("note: the load cannot be judged")
