@@ -122,6 +122,7 @@ def test_intervals_and_verdicts_are_shown_when_present():
                "output_throughput_tok_s": 1000.0, "ci": {"output_throughput_tok_s": {"low": 990.0, "high": 1010.0}}}
     assert figure(summary, "ttft_s", "mean", "ms") == "200 [150, 250]"
     assert figure(summary, "ttft_s", "p99", "ms") == "900"  # no interval for p99: none shown
+    assert figure({"e2e_s": {"mean": 15.4216}}, "e2e_s", "mean", "ms") == "15,422"
     assert figure(summary, "output_throughput_tok_s", None, "num") == "1000 [990, 1010]"
     paired = {"ttft_s.mean": {"difference": {"estimate": 0.05, "low": 0.01, "high": 0.09},
                               "relative": {"estimate": 0.25, "low": 0.05, "high": 0.45}, "verdict": "worse"}}

@@ -36,17 +36,16 @@ ROWS = (
 
 
 def fmt(value: Any, kind: str = "num") -> str:
-    """A figure as text: `ms` scales seconds to milliseconds, `pct` a share to a percentage;
-    None (cannot be computed) is "-"."""
+    """A figure as text, 4 significant digits (whole numbers from 10,000): `ms` scales seconds to
+    milliseconds, `pct` a share to a percentage; None (cannot be computed) is "-"."""
     if value is None:
         return "-"
     if kind == "int":
         return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
-    if kind == "ms":
-        return f"{value * 1000:.4g}"
     if kind == "pct":
         return f"{value * 100:.1f}%"
-    return f"{value:.4g}"
+    x = value * 1000 if kind == "ms" else value
+    return f"{x:,.0f}" if abs(x) >= 10_000 else f"{x:.4g}"  # 15,420 rather than 1.542e+04
 
 
 def interval(summary: dict[str, Any], key: str, stat: str | None) -> dict[str, Any] | None:
