@@ -9,57 +9,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..kv_backends.block_pool import BlockPool
-from .config import EngineConfig
+from . import recovery
 from .answers import tokens_problem
+from .config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import NoProgressError, PluginError, RequestRefused
+from .forking import with_rows
 from .metrics import MetricsCollector
+from .outputs import RequestOutput
+from .plan import StepPlan, StepResult
 from .plugins import PluginManager
 from .request import Request, engine_limit_problem, length_problem
-from . import recovery
 from .scheduler import Scheduler
-from .sequence import FinishReason, SeqState, Sequence
+from .sequence import SWAPPED, FinishReason, Sequence
+from .stall import is_stalled, stall_error
 
-
-class RequestOutput:
-    """What one step produced for one sequence: its new token, or its end.
-
-    `token_ids` is the whole output so far; `index` tells the samples of an `n > 1` request apart.
-    """
-
-    __slots__ = ("seq", "new_token_ids", "finished")
-
-    def __init__(self, seq: Sequence, new_token_ids: list[int], finished: bool) -> None:
-        self.seq = seq
-        self.new_token_ids = new_token_ids
-        self.finished = finished
-
-    @property
-    def request_id(self) -> str:
-        return self.seq.request_id
-
-    @property
-    def index(self) -> int:
-        return self.seq.index
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.output_token_ids
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self.seq.finish_reason
-
-    @property
-    def text(self) -> str | None:
-        """The detokenised output so far (None when the executor has no tokenizer)."""
-        return self.seq.text
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestOutput({self.seq.seq_id!r}, new={self.new_token_ids}, finished={self.finished}, "
-            f"reason={self.finish_reason})"
-        )
+__all__ = ["Engine", "RequestOutput"]
 
 
 class Engine:
@@ -117,14 +82,13 @@ class Engine:
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra)
-        self._check_request = self.plugins.has_impls("check_request")
+        self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
         self.metrics = MetricsCollector(config.max_num_seqs)
         self._requests: dict[str, list[Sequence]] = {}
         self.retain_finished = retain_finished
         self._arrivals = 0
-        self._parallel_sampling = False  # a request with n > 1 arrived: check for forks when sampling
         self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
         self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
         self.last_plan_empty = False
@@ -172,8 +136,6 @@ class Engine:
             if reason is not None:
                 raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
         self._arrivals += 1
-        if req.sampling.n > 1:
-            self._parallel_sampling = True
         self._requests[req.request_id] = [seq]
         if arrival > now:
             heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))
@@ -246,53 +208,71 @@ class Engine:
         self._step(None)
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
-        scheduler = self.scheduler
-        ended = self._reap()
-        if outputs is not None:
-            outputs.extend(RequestOutput(s, [], True) for s in ended)
-        now = self.executor.now()
-        if self._pending:
-            self._release_arrivals(now)
-        arrived, self._arrived = self._arrived, []
-        try:
-            plan = scheduler.schedule(now)
-        except PluginError as exc:
-            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
-            self._reap_after(exc, recovery.in_flight(live, arrived), now)
-            raise
+        """One step, in the order of DESIGN.md's diagram."""
+        self._output_ended(self._reap(), outputs)  # 1. reap: what ended since the last step leaves
+        now = self._arrive()  # requests whose arrival time came join the waiting queue
+        plan = self._schedule(now)  # 2-5. split, serve running, admit: the plan (on_arrival, on_preempted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
         if self.last_plan_empty:
             return
+        result = self._execute(plan, now, outputs)  # 6. execute
+        if result is None:
+            return  # the executor failed: the step's requests ended as failed
+        self.last_step_progressed = self.scheduler.progresses(plan)
+        self.scheduler.commit(plan)
         try:
-            result = self.executor.execute(plan)
-        except Exception as exc:
-            # the step's requests fail (their blocks are freed at the reap); the others go on
-            error = f"{type(exc).__name__}: {exc}"
-            for seq in (*plan.scheduled, *(s for s in plan.preempted if s.state is SeqState.SWAPPED)):
-                scheduler.finish(seq, FinishReason.FAILED, now, error)
-            self._record_step(plan, now, now)
-            ended = self._reap()
-            if outputs is not None:
-                outputs.extend(RequestOutput(s, [], True) for s in ended)
-            return
-        self.last_step_progressed = scheduler.progresses(plan)
-        scheduler.commit(plan)
-        try:
-            self._sample(plan, result.logits, result.time, outputs)
+            self._sample(plan, result.logits, result.time, outputs)  # 7. sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
             self._reap_after(exc, recovery.of_plan(plan), result.time)
             raise
         self._record_step(plan, result.time, now)
-        hook = scheduler.hook.on_step_end
+        self._end_step(plan, result.time)  # on_step_end
+        self._reap()  # those that just finished were reported with their last token (on_finished)
+
+    def _arrive(self) -> float:
+        """Release the submitted requests whose arrival time the clock reached; returns the clock."""
+        now = self.executor.now()
+        if self._pending:
+            self._release_arrivals(now)
+        return now
+
+    def _schedule(self, now: float) -> StepPlan:
+        """The scheduler's plan; a `PluginError` fails the requests it may have left in doubt."""
+        arrived, self._arrived = self._arrived, []
+        try:
+            return self.scheduler.schedule(now)
+        except PluginError as exc:
+            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
+            self._reap_after(exc, recovery.in_flight(live, arrived), now)
+            raise
+
+    def _execute(self, plan: StepPlan, now: float, outputs: list[RequestOutput] | None) -> StepResult | None:
+        """Run the plan; when the executor raises, the step's requests fail (their blocks are freed
+        now) and the others go on: None."""
+        try:
+            return self.executor.execute(plan)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            for seq in (*plan.scheduled, *plan.forked, *(s for s in plan.preempted if s.state is SWAPPED)):
+                self.scheduler.finish(seq, FinishReason.FAILED, now, error)
+            self._record_step(plan, now, now)
+            self._output_ended(self._reap(), outputs)
+            return None
+
+    def _end_step(self, plan: StepPlan, now: float) -> None:
+        hook = self.plugins.hook.on_step_end
         if hook.get_hookimpls():
             try:
-                hook(ctx=scheduler.ctx, plan=plan)
+                hook(ctx=self.scheduler.ctx, plan=plan)
             except PluginError as exc:
-                self._reap_after(exc, recovery.of_plan(plan), result.time)
+                self._reap_after(exc, recovery.of_plan(plan), now)
                 raise
-        self._reap()  # those that just finished were reported with their last token
+
+    def _output_ended(self, ended: list[Sequence], outputs: list[RequestOutput] | None) -> None:
+        if outputs is not None and ended:
+            outputs.extend(RequestOutput(s, [], True) for s in ended)
 
     def _reap_after(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> None:
         """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now."""
@@ -319,15 +299,17 @@ class Engine:
                 if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
                     del requests[seq.request_id]
 
-    def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+    def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+        """Sample the next token of each of the plan's `sample_seqs` (then of the samples forked in
+        this step, from their parents' rows), append it, check the stop conditions, stream."""
         seqs = plan.sample_seqs
+        if plan.forked:
+            seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
         if not seqs:
             return
-        scheduler = self.scheduler
-        if self._parallel_sampling:
-            seqs, logits = self._fork(seqs, logits)
+        hook, ctx = self.plugins.hook, self.scheduler.ctx
         eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
-        tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits, eos_token_id=eos)
+        tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=eos)
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
         if problem is not None:
             raise self.plugins.invalid("sample", problem)
@@ -347,9 +329,8 @@ class Engine:
                     outputs.append(RequestOutput(seq, [tok], True))
             elif outputs is not None:
                 outputs.append(RequestOutput(seq, [tok], False))
-        hook = scheduler.hook.on_tokens
-        if hook.get_hookimpls():
-            hook(ctx=scheduler.ctx, seqs=seqs)
+        if hook.on_tokens.get_hookimpls():
+            hook.on_tokens(ctx=ctx, seqs=seqs)
 
     def _stop(self, seq: Sequence, tok: int, now: float) -> bool:
         """End `seq` if its new token `tok` stops it (stop token or string, EOS, or length); True if
@@ -372,23 +353,6 @@ class Engine:
             return False
         self.scheduler.finish(seq, reason, now)
         return True
-
-    def _fork(self, seqs: list[Sequence], logits: Any) -> tuple[list[Sequence], Any]:
-        """Fork the `n > 1` requests whose first token this step samples: their children join
-        `seqs`, each with its parent's row of logits."""
-        scheduler = self.scheduler
-        forked: list[Sequence] = []
-        for seq in seqs:
-            if seq.sampling.n > 1 and seq.index == 0 and not seq.children and seq.num_output_tokens == 0:
-                forked.extend(scheduler.fork(seq, seq.sampling.n))
-        if not forked:
-            return seqs, logits
-        rows = list(range(len(seqs))) + [seqs.index(c.parent) for c in forked]
-        seqs = seqs + forked
-        if logits is not None:
-            logits = logits[rows] if hasattr(logits, "dim") else [logits[i] for i in rows]
-        scheduler.hook.on_admitted(ctx=scheduler.ctx, seqs=forked)
-        return seqs, logits
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
@@ -418,13 +382,8 @@ class Engine:
                 raise self.stalled(idle)
 
     def is_stalled(self, steps: int, max_idle_steps: int) -> bool:
-        """Whether `steps` steps in a row without progress are a stall: `max_idle_steps` when the
-        last step scheduled nothing; when it scheduled something (recomputation after a
-        preemption is not progress, and recomputing all the KV the pool holds, one token a step,
-        takes up to `num_blocks * block_size` steps), that many more."""
-        if steps < max_idle_steps:
-            return False
-        return self.last_plan_empty or steps >= max_idle_steps + self.config.max_kv_tokens
+        """Whether `steps` steps in a row without progress are a stall (see `core/stall.py`)."""
+        return is_stalled(steps, max_idle_steps, self.last_plan_empty, self.config.max_kv_tokens)
 
     def idle(self, next_arrival: float | None = None) -> None:
         """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
@@ -437,32 +396,8 @@ class Engine:
 
     def stalled(self, steps: int) -> NoProgressError:
         """The error for `steps` steps in a row without progress while requests wait: names the
-        plugins, the oldest stuck requests (state, tokens and blocks needed against the pool) and
-        why they cannot run."""
-        s, pool = self.scheduler, self.pool
-        what = "scheduled nothing" if self.last_plan_empty else "made no progress (only preemption and recomputation)"
-        stuck = sorted((*s.running, *s.waiting, *s.swapped), key=lambda q: (q.arrival_no, q.index))
-        details = []
-        for q in stuck[:3]:
-            need = -(-(len(q.token_ids) + q.sampling.max_new_tokens - q.num_output_tokens) // pool.block_size)
-            if need > pool.num_blocks:
-                why = "it does not fit in the pool on its own"
-            elif self.last_plan_empty and not s.last_offered:
-                why = "admission offered nothing and nothing runs"
-            elif self.last_plan_empty:
-                why = "the budget split or a plugin's gate gave it no tokens"
-            else:
-                why = f"preempted {q.num_preemptions} times"
-            details.append(
-                f"{q.seq_id} {q.state.name.lower()} needs {need} blocks of {pool.block_size} tokens "
-                f"(pool {pool.num_blocks}, {pool.num_free_blocks()} free): {why}"
-            )
-        return NoProgressError(
-            f"{steps} steps {what} with {len(s.running)} running, {len(s.waiting)} "
-            f"waiting and {len(s.swapped)} swapped requests: check the plugins' admission, "
-            f"select_victim and split_budget ({', '.join(self.plugins.names())}); oldest: "
-            + "; ".join(details)
-        )
+        plugins, the oldest stuck requests and why they cannot run (see `core/stall.py`)."""
+        return stall_error(self, steps)
 
     def run(self) -> dict[str, list[Sequence]]:
         """Step until every request has ended; returns each request's sequences."""
