@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
-
-from pydantic import ValidationError
 
 from ..kv_backends.block_pool import BlockPool
 from . import recovery
 from .answers import tokens_problem
 from .config import EngineConfig
 from .detokenizer import Detokenizer
-from .errors import NoProgressError, PluginError, RequestRefused
+from .errors import NoProgressError, PluginError
 from .forking import with_rows
+from .intake import Intake, validation_context
 from .metrics import MetricsCollector
-from .outputs import RequestOutput
+from .outputs import Appender, RequestOutput
 from .plan import StepPlan, StepResult
 from .plugins import PluginManager
-from .request import Request, engine_limit_problem, length_problem
+from .request import Request
 from .scheduler import Scheduler
 from .sequence import SWAPPED, FinishReason, Sequence
 from .stall import is_stalled, stall_error
@@ -27,7 +25,7 @@ from .stall import is_stalled, stall_error
 __all__ = ["Engine", "RequestOutput"]
 
 
-class Engine:
+class Engine(Intake):
     """A continuous-batching engine: a scheduler with its plugins, a KV pool and an executor.
 
     ```python
@@ -85,6 +83,7 @@ class Engine:
         self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
+        self._appender = Appender(self.scheduler, self.eos_token_id, config.max_model_len, self.detokenizer)
         self.metrics = MetricsCollector(config.max_num_seqs)
         self._requests: dict[str, list[Sequence]] = {}
         self.retain_finished = retain_finished
@@ -95,102 +94,9 @@ class Engine:
         self.last_step_progressed = False
         """Whether the last step computed a token past some request's previous high-water mark
         (`Sequence.max_computed`); preemptions and recomputation are not progress."""
-        self._validation_context = {
-            "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
-            "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer is not None,
-        }
-        vocab = getattr(executor, "vocab_size", None)
+        self._validation_context = validation_context(config, executor, tokenizer is not None)
+        vocab = self._validation_context.get("vocab_size")
         self._vocab_size = vocab if isinstance(vocab, int) else None
-        if vocab is not None:
-            self._validation_context["vocab_size"] = vocab
-        model_len = getattr(executor, "max_model_len", None)
-        if model_len is not None and model_len < config.max_model_len:
-            self._validation_context["max_model_len"] = model_len
-
-    # --- requests ----------------------------------------------------------------------------
-
-    def validate(self, request: Request | dict[str, Any]) -> Request:
-        """Validate a request against this engine's limits; raises pydantic's `ValidationError`
-        naming the field and the limit."""
-        if isinstance(request, Request):
-            if engine_limit_problem(request, self._validation_context) is None:
-                return request
-            request = request.model_dump()  # validate again, for the ValidationError
-        return Request.model_validate(request, context=self._validation_context)
-
-    def add_request(self, request: Request | dict[str, Any]) -> str:
-        """Queue a request; returns its id. An invalid request raises `ValidationError`, one that
-        a plugin says could never run (the `check_request` hook) raises `RequestRefused`; either
-        leaves the engine untouched.
-
-        A request whose `arrival_time` lies ahead of the engine's clock waits until the clock gets
-        there (`stream` and `run` move an idle clock to it) before the policies hear of it."""
-        req = self.validate(request)
-        if req.request_id in self._requests:
-            raise ValueError(f"request_id {req.request_id!r} is already in use")
-        now = self.executor.now()
-        arrival = req.arrival_time if req.arrival_time is not None else now
-        seq = Sequence.from_request(req, arrival, self._arrivals)
-        if self._check_request:
-            reason = self.plugins.refusal(self.scheduler.ctx, seq)
-            if reason is not None:
-                raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
-        self._arrivals += 1
-        self._requests[req.request_id] = [seq]
-        if arrival > now:
-            heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))
-        else:
-            self._add(seq)
-        return req.request_id
-
-    def _release_arrivals(self, now: float) -> None:
-        pending = self._pending
-        while pending and pending[0][0] <= now:
-            self._add(heapq.heappop(pending)[2])
-
-    def _add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
-        self._arrived.append(seq)
-
-    def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
-        """Why a request of these lengths could never run on this engine, or None: the check of
-        `add_request` that needs no tokens, so a caller can refuse a huge prompt before making it."""
-        return length_problem(prompt_len, max_new_tokens, n, self._validation_context)
-
-    def reject(self, request: Any, error: ValidationError | Exception) -> None:
-        """Record a request that failed validation (it counts as `rejected` in the metrics)."""
-        get = request.get if isinstance(request, dict) else lambda k, d=None: getattr(request, k, d)
-        prompt = get("prompt_token_ids") or ()
-        self.metrics.record_rejected(
-            str(get("request_id", "?")), str(get("tenant", "default")), int(get("priority", 0) or 0),
-            float(get("arrival_time", None) or self.executor.now()), len(prompt), str(error),
-        )
-
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request in any state; its blocks are freed at the next step. False if it is
-        unknown or already finished."""
-        seqs = self._all_seqs(self._requests.get(request_id, []))
-        if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
-            return False
-        now = self.executor.now()
-        for seq in seqs:
-            if any(p[2] is seq for p in self._pending):  # not arrived yet: it arrives, cancelled
-                self._pending = [p for p in self._pending if p[2] is not seq]
-                heapq.heapify(self._pending)
-                self._add(seq)
-            self.scheduler.finish(seq, FinishReason.CANCELLED, now)
-        return True
-
-    def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        """The sequences of a request (one, or `n` for parallel sampling)."""
-        return self._all_seqs(self._requests[request_id])
-
-    @staticmethod
-    def _all_seqs(seqs: list[Sequence]) -> list[Sequence]:
-        return [s for head in seqs for s in (head, *head.children)]
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -308,51 +214,13 @@ class Engine:
         if not seqs:
             return
         hook, ctx = self.plugins.hook, self.scheduler.ctx
-        eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
-        tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=eos)
+        tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
         if problem is not None:
             raise self.plugins.invalid("sample", problem)
-        for seq, tok in zip(seqs, tokens):
-            token_ids = seq.token_ids
-            token_ids.append(tok)
-            seq.token_times.append(now)
-            if seq.first_token_time is None:
-                seq.first_token_time = seq.prefill_done_time = now
-            p = seq.sampling
-            n = len(token_ids)
-            if (
-                detok is not None or n - seq.num_prompt_tokens >= p.max_new_tokens or n >= max_len
-                or tok == eos or p.stop_token_ids
-            ) and self._stop(seq, tok, now):
-                if outputs is not None:
-                    outputs.append(RequestOutput(seq, [tok], True))
-            elif outputs is not None:
-                outputs.append(RequestOutput(seq, [tok], False))
+        self._appender.append(seqs, tokens, now, outputs)
         if hook.on_tokens.get_hookimpls():
             hook.on_tokens(ctx=ctx, seqs=seqs)
-
-    def _stop(self, seq: Sequence, tok: int, now: float) -> bool:
-        """End `seq` if its new token `tok` stops it (stop token or string, EOS, or length); True if
-        so. Before `min_tokens` outputs only the length stops it; with a tokenizer the new token is
-        detokenised here (every token, so `seq.text` grows)."""
-        p = seq.sampling
-        num_out = seq.num_output_tokens
-        stops = num_out >= p.min_tokens
-        detok = self.detokenizer
-        stop_hit = detok is not None and detok.append(seq, p.stop if stops else ())
-        reason = None
-        if stops:
-            if tok in p.stop_token_ids or stop_hit:
-                reason = FinishReason.STOP
-            elif tok == self.eos_token_id and not p.ignore_eos:
-                reason = FinishReason.EOS
-        if reason is None and (num_out >= p.max_new_tokens or len(seq.token_ids) >= self.config.max_model_len):
-            reason = FinishReason.LENGTH
-        if reason is None:
-            return False
-        self.scheduler.finish(seq, reason, now)
-        return True
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
