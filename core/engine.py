@@ -90,6 +90,8 @@ class Engine(Intake):
         self._arrivals = 0
         self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
         self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
+        self._cancelled: list[Sequence] = []  # reaped by `abort`, their ends not reported yet
+        self._reap_error: PluginError | None = None  # an `on_finished` error met by `abort`
         self.last_plan_empty = False
         self.last_step_progressed = False
         """Whether the last step computed a token past some request's previous high-water mark
@@ -115,7 +117,7 @@ class Engine(Intake):
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
         """One step, in the order of DESIGN.md's diagram."""
-        self._output_ended(self._reap(), outputs)  # 1. reap: what ended since the last step leaves
+        self._report_cancelled(outputs)  # requests cancelled since the last step (reaped by `abort`)
         now = self._arrive()  # requests whose arrival time came join the waiting queue
         plan = self._schedule(now)  # 2-5. split, serve running, admit: the plan (on_arrival, on_preempted)
         self.last_plan_empty = plan.is_empty
@@ -135,7 +137,14 @@ class Engine(Intake):
             raise
         self._record_step(plan, result.time, now)
         self._end_step(plan, result.time)  # on_step_end
-        self._reap()  # those that just finished were reported with their last token (on_finished)
+        self._reap()  # 1. reap, once a step: those that just finished leave (on_finished)
+
+    def _report_cancelled(self, outputs: list[RequestOutput] | None) -> None:
+        cancelled, self._cancelled = self._cancelled, []
+        self._output_ended(cancelled, outputs)
+        if self._reap_error is not None:
+            error, self._reap_error = self._reap_error, None
+            raise error
 
     def _arrive(self) -> float:
         """Release the submitted requests whose arrival time the clock reached; returns the clock."""

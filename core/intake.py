@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .config import EngineConfig
-from .errors import RequestRefused
+from . import recovery
+from .errors import PluginError, RequestRefused
 from .request import Request, engine_limit_problem, length_problem
 from .sequence import FinishReason, Sequence
 
@@ -94,8 +95,9 @@ class Intake:
         )
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a request in any state; its blocks are freed at the next step. False if it is
-        unknown or already finished."""
+        """Cancel a request in any state: it is reaped at once (its blocks freed, `on_finished`
+        told) and the next step reports its end. False if it is unknown or already finished. (An
+        `on_finished` observer's error here is raised by the next step, as if that step had met it.)"""
         seqs = self._all_seqs(self._requests.get(request_id, []))
         if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
             return False
@@ -106,10 +108,16 @@ class Intake:
                 heapq.heapify(self._pending)
                 self._add(seq)
             self.scheduler.finish(seq, FinishReason.CANCELLED, now)
+        self._cancelled += recovery.ending(self.scheduler)
+        try:
+            self._reap()
+        except PluginError as exc:
+            self._reap_error = exc
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
+        """Whether a step has something to do: requests to serve, or ends to report."""
+        return bool(self._pending or self._cancelled) or self.scheduler.has_work()
 
     def sequences(self, request_id: str) -> list[Sequence]:
         """The sequences of a request (one, or `n` for parallel sampling)."""
