@@ -123,6 +123,7 @@ class Engine(Intake):
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
         if self.last_plan_empty:
+            self._end_step(plan, now)  # on_step_end: every step has an end, an empty one too
             return
         result = self._execute(plan, now, outputs)  # 6. execute
         if result is None:
