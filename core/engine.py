@@ -103,7 +103,10 @@ class Engine(Intake):
     # --- the loop ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step: reap, schedule, execute, sample, append. Returns what it produced.
+        """Run one step and return what it produced: the ends of the requests cancelled since the
+        last step; the plan (arrivals, budget split, running served, waiting admitted); the
+        executor's forward; the sampled tokens appended and checked for stops; the reap of the
+        requests that ended. See `_step` for the phases and the observers each calls.
 
         A `PluginError` ends the step's requests as failed (their blocks freed) before it is
         raised, so the engine may be stepped again (see `core/recovery.py`)."""
@@ -116,29 +119,29 @@ class Engine(Intake):
         self._step(None)
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
-        """One step, in the order of DESIGN.md's diagram."""
-        self._report_cancelled(outputs)  # requests cancelled since the last step (reaped by `abort`)
-        now = self._arrive()  # requests whose arrival time came join the waiting queue
-        plan = self._schedule(now)  # 2-5. split, serve running, admit: the plan (on_arrival, on_preempted)
+        """One step, the phases of DESIGN.md's "One step" (observers in parentheses)."""
+        self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
+        now = self._arrive()  # submitted requests whose arrival time came join the waiting queue
+        plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
         if self.last_plan_empty:
-            self._end_step(plan, now)  # on_step_end: every step has an end, an empty one too
+            self._end_step(plan, now)  # (on_step_end: an empty step ends too)
             return
-        result = self._execute(plan, now, outputs)  # 6. execute
+        result = self._execute(plan, now, outputs)  # execute: the forward, or failed requests
         if result is None:
-            return  # the executor failed: the step's requests ended as failed
+            return
         self.last_step_progressed = self.scheduler.progresses(plan)
-        self.scheduler.commit(plan)
+        self.scheduler.commit(plan)  # commit: the scheduled sequences advance
         try:
-            self._sample(plan, result.logits, result.time, outputs)  # 7. sample, append, stop (on_tokens)
+            self._sample(plan, result.logits, result.time, outputs)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
             self._reap_after(exc, recovery.of_plan(plan), result.time)
             raise
         self._record_step(plan, result.time, now)
-        self._end_step(plan, result.time)  # on_step_end
-        self._reap()  # 1. reap, once a step: those that just finished leave (on_finished)
+        self._end_step(plan, result.time)  # (on_step_end)
+        self._reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
 
     def _report_cancelled(self, outputs: list[RequestOutput] | None) -> None:
         cancelled, self._cancelled = self._cancelled, []
