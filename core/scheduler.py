@@ -2,7 +2,7 @@
 
 It decides and never touches tensors; policy comes from the plugins' hooks, blocks from the
 `BlockPool`. See DESIGN.md, "One step", for the order of the phases. The phases live in one file
-each: admission (`admission.py`), the victim loop (`victims.py`), the rescue (`rescue.py`), the
+each: admission (`admission.py`), the victim loop (`victim_loop.py`), the rescue (`rescue.py`), the
 blocks registered in this step (`step_prefix.py`), forking (`forking.py`).
 """
 
@@ -20,10 +20,10 @@ from .plugins import PluginManager
 from .rescue import Rescue
 from .sequence import FINISHED, RUNNING, FinishReason, Sequence
 from .step_prefix import StepPrefix
-from .victims import Victims
+from .victim_loop import VictimLoop
 
 
-class Scheduler(Admission, Victims, Rescue):
+class Scheduler(Admission, VictimLoop, Rescue):
     """Owns the queues (`running`, `waiting`, `swapped`) and the step's decisions."""
 
     def __init__(self, config: EngineConfig, plugins: PluginManager, pool: BlockPool) -> None:

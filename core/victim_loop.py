@@ -1,6 +1,6 @@
 """The victim loop of the scheduler: ask the policy for a victim (`select_victim`), preempt it.
 
-`Victims` is a part of `Scheduler` (a mixin: it uses the scheduler's queues, pool, swap space,
+`VictimLoop` is a part of `Scheduler` (a mixin: it uses the scheduler's queues, pool, swap space,
 config, hook relay and `StepPrefix`). Every place that lacks a slot or a block goes through one
 loop, `preempt_for`; a victim is a `Preempt` (sequence and mode).
 """
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .plan import StepPlan
 
 
-class Victims:
+class VictimLoop:
     """Making room: slots and blocks for a requester, by preempting victims."""
 
     def preempt_for(self, requester: Sequence, reason: str, plan: StepPlan, done: Callable[[], bool]) -> bool:
