@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from .candidates import Candidates
+from .candidates import Candidates, close_candidates
 from .errors import PluginError
 from .sequence import Sequence
 
@@ -49,9 +49,7 @@ def _checked_candidates(items: Iterator[Any], plugin: str) -> Iterator[Sequence]
                 raise PluginError(plugin, "admission", f"yielded {_describe(seq)}, not a Sequence")
             yield seq
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
+        close_candidates(items)
 
 
 def _admission(plugin: str, answer: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .sequence import SeqState, Sequence
+from .sequence import QUEUED, RUNNING, Sequence
 
 
 class Candidates:
@@ -46,9 +46,6 @@ class Candidates:
         return Candidates(_filtered(iter(self._items), admit, self.head_of_line, admitted), self.head_of_line)
 
 
-_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
-
-
 def _filtered(
     items: Iterator[Sequence], keep: Callable[[Sequence], bool], stop: bool, admitted: Callable[[Sequence], Any] | None
 ) -> Iterator[Sequence]:
@@ -56,18 +53,25 @@ def _filtered(
     try:
         for seq in items:
             if last is not None:
-                if last.state is SeqState.RUNNING:
+                if last.state is RUNNING:
                     admitted(last)
                 last = None
             if keep(seq):
-                if admitted is not None and seq.state in _QUEUED:
+                if admitted is not None and seq.state in QUEUED:
                     last = seq
                 yield seq
             elif stop:
                 return
     finally:
-        if last is not None and last.state is SeqState.RUNNING:
+        if last is not None and last.state is RUNNING:
             admitted(last)
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()  # the policy's own generator gets its cleanup (e.g. LazyHeap's put-back)
+        close_candidates(items)
+
+
+def close_candidates(items: Any) -> None:
+    """Close `items` when it can be closed (a generator): its `finally` runs now, e.g. a
+    `LazyHeap.ordered()` puts back what was not taken. A wrapper that stops pulling from the answer
+    below it calls this, so the policy's own generator gets its cleanup."""
+    close = getattr(items, "close", None)
+    if close is not None:
+        close()

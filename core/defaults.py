@@ -1,7 +1,8 @@
 """The defaults every engine registers first (lowest precedence), so that a policy only implements
 the hooks it cares about.
 
-- `admission`: waiting and swapped sequences in the order they got there (head-of-line);
+- `admission`: swapped, then waiting sequences, each in the order they got there (head-of-line),
+  walked lazily (`queued_in_order`: no copy of the queues);
 - `select_victim`: for a running requester, the running sequence admitted last; never preempts a
   running sequence for a waiting one;
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
@@ -13,13 +14,14 @@ the hooks it cares about.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from .budget import Split
 from .context import StepContext
 from .hookspecs import hookimpl
-from .sequence import SeqState, Sequence
+from .queue_order import queued_in_order
+from .sequence import Sequence
+from .victims import last_admitted_victim
 
 
 def stand_in_token(seq: Sequence) -> int:
@@ -35,13 +37,11 @@ class DefaultPolicy:
 
     @hookimpl(trylast=True)
     def admission(self, ctx: StepContext) -> Any:
-        return itertools.chain(list(ctx.swapped), list(ctx.waiting))
+        return queued_in_order(ctx.swapped, ctx.waiting)
 
     @hookimpl(trylast=True)
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not SeqState.RUNNING:
-            return None
-        return max(ctx.running, key=lambda s: s.admitted_seq_no)
+        return last_admitted_victim(ctx, requester)
 
     @hookimpl(trylast=True)
     def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:

@@ -9,9 +9,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
-from ..core.sequence import SeqState, Sequence
-
-_SWAPPED = SeqState.SWAPPED
+from ..core.sequence import SWAPPED, Sequence
+from ..core.victims import last_admitted_victim
 
 
 class PrefixAware(ArrivalQueue):
@@ -97,13 +96,11 @@ class PrefixAware(ArrivalQueue):
         rate = self.aging_rate
         scored = []
         for i, s in enumerate(seqs):
-            cached = s.num_computed_tokens if s.state is _SWAPPED else ctx.cached_prefix_tokens(s)
+            cached = s.num_computed_tokens if s.state is SWAPPED else ctx.cached_prefix_tokens(s)
             scored.append((rate * s.arrival_time - cached, i, s))
         scored.sort(key=lambda t: (t[0], t[1]))
         return [t[2] for t in scored]
 
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not SeqState.RUNNING:
-            return None
-        return max(ctx.running, key=lambda s: s.admitted_seq_no)
+        return last_admitted_victim(ctx, requester)

@@ -7,23 +7,15 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 from ..core.budget import Split
-from ..core.candidates import Candidates
+from ..core.candidates import Candidates, close_candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
 from ..core.preemption import Preempt
-from ..core.sequence import SeqState, Sequence
+from ..core.sequence import QUEUED, RUNNING, Sequence
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
-_RUNNING = SeqState.RUNNING
-_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
-
-
-def _close(it: Any) -> None:
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
 
 
 class SLOClasses:
@@ -187,12 +179,12 @@ class SLOClasses:
             yield from first
             is_interactive = self.is_interactive
             for s in rest:
-                if s.state in _QUEUED and is_interactive(s):
+                if s.state in QUEUED and is_interactive(s):
                     continue  # tried above
                 yield s
         finally:
-            _close(first)  # the heap takes back the interactive requests still waiting
-            _close(rest)
+            close_candidates(first)  # the heap takes back the interactive requests still waiting
+            close_candidates(rest)
 
     @hookimpl(wrapper=True)
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Generator[None, Any, Any]:
@@ -202,7 +194,7 @@ class SLOClasses:
         else:
             victim, mode = answer, None
         if victim is None:
-            if requester.state is not _RUNNING:
+            if requester.state is not RUNNING:
                 return answer  # the base leaves a waiting candidate waiting
             victim = requester  # None preempts a running requester
         if not self.is_interactive(victim):
@@ -215,6 +207,6 @@ class SLOClasses:
     def _last_batch(self, ctx: StepContext) -> Sequence | None:
         running = ctx.running
         for s in reversed(self.batch_running):
-            if s.state is _RUNNING and s in running:
+            if s.state is RUNNING and s in running:
                 return s
         return None

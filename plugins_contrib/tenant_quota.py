@@ -12,10 +12,8 @@ from typing import Any
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.sequence import SeqState, Sequence
+from ..core.sequence import QUEUED, Sequence
 
-_RUNNING = SeqState.RUNNING
-_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
 _EPS = 1e-9  # tokens: a bucket that refilled to `need` up to rounding holds `need`
 
 
@@ -214,7 +212,7 @@ class TenantQuota:
         # stale candidates pass through (the scheduler skips them); an admission is charged as it
         # happens, so the next candidate of the same tenant sees it
         return Candidates.of(answer).filter(
-            lambda seq: seq.state not in _QUEUED or self._allowed(seq, ctx, now),
+            lambda seq: seq.state not in QUEUED or self._allowed(seq, ctx, now),
             admitted=lambda seq: self._admitted(seq, now),
         )
 

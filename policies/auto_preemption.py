@@ -14,9 +14,7 @@ from typing import Any
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.preemption import RECOMPUTE, SWAP, Preempt
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING, _SWAPPED = SeqState.RUNNING, SeqState.SWAPPED
+from ..core.sequence import RUNNING, SWAPPED, Sequence
 
 
 class AutoPreemption:
@@ -78,7 +76,7 @@ class AutoPreemption:
         if isinstance(answer, Preempt):
             victim = answer[0]
         elif answer is None:
-            if requester.state is not _RUNNING:
+            if requester.state is not RUNNING:
                 return None
             victim = requester
         else:
@@ -90,7 +88,7 @@ class AutoPreemption:
     @hookimpl
     def on_preempted(self, seqs: list[Sequence]) -> None:
         for s in seqs:
-            if s.state is _SWAPPED:
+            if s.state is SWAPPED:
                 self.swaps += 1
             else:
                 self.recomputes += 1

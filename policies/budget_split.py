@@ -20,10 +20,9 @@ from typing import Any
 from ..core.budget import Split
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
+from ..core.inflight import PromptsInFlight, missing_blocks
 from ..core.plan import StepPlan
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING = SeqState.RUNNING
+from ..core.sequence import Sequence
 
 
 def _int_option(plugin: str, option: str, value: Any, low: int, *, optional: bool = False) -> int | None:
@@ -115,16 +114,13 @@ class PrefillFirst:
         self.max_partial_prefills = _int_option(
             self.name, "max_partial_prefills", max_partial_prefills, 1, optional=True
         )
-        self._prefilling: dict[Sequence, None] = {}  # admitted while prefilling; pruned lazily
+        self._in_flight = PromptsInFlight()
         self._cut_step = -1  # last step whose split took share from decodes for prefill
         self._prefill_step = -1  # last step that scheduled prefill tokens
 
     @hookimpl
     def on_admitted(self, seqs: list[Sequence]) -> None:
-        prefilling = self._prefilling
-        for s in seqs:
-            if not s.is_decoding:
-                prefilling[s] = None
+        self._in_flight.admitted(seqs)
 
     @hookimpl
     def on_step_end(self, plan: StepPlan) -> None:
@@ -149,20 +145,14 @@ class PrefillFirst:
         remaining blocks all fit in the free blocks, so that no prefill this share feeds can run
         the pool dry and preempt the decodes it starved (vLLM v0 admits a prompt only when its
         blocks fit, for the same reason)."""
-        block_size = ctx.block_size
         free = ctx.num_free_blocks()
         demand = 0
-        prefilling = self._prefilling
-        for s in list(prefilling):
-            if s.state is not _RUNNING or s.is_decoding:
-                del prefilling[s]
-                continue
-            num_tokens = len(s.token_ids)
-            need = -(-num_tokens // block_size) - len(s.block_table)
+        for s in self._in_flight:
+            need = missing_blocks(ctx, s)
             if need > free:
                 continue
             free -= need
-            demand += min(num_tokens - s.num_computed_tokens, chunk)
+            demand += min(s.num_uncomputed_tokens, chunk)
             if demand >= budget:
                 return budget
         if not num_waiting:
@@ -173,8 +163,8 @@ class PrefillFirst:
             if slots <= 0 or scanned >= self.SCAN_LIMIT:
                 break
             scanned += 1
-            rest = len(s.token_ids) - s.num_computed_tokens
-            need = -(-rest // block_size)
+            rest = s.num_uncomputed_tokens
+            need = ctx.blocks_needed(rest)
             if need > free:
                 break
             free -= need

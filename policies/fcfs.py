@@ -11,12 +11,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
-from ..core.sequence import SeqState, Sequence
-
-
-def last_admitted(ctx: StepContext) -> Sequence:
-    """The running sequence admitted most recently."""
-    return max(ctx.running, key=lambda s: s.admitted_seq_no)
+from ..core.sequence import Sequence
+from ..core.victims import last_admitted_victim
 
 
 class FCFS(ArrivalQueue):
@@ -28,6 +24,4 @@ class FCFS(ArrivalQueue):
 
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not SeqState.RUNNING:
-            return None
-        return last_admitted(ctx)
+        return last_admitted_victim(ctx, requester)

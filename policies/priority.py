@@ -11,54 +11,16 @@ its original arrival (and so its key).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
-from typing import Any
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING = SeqState.RUNNING
+from ..core.lazy_heap import ArrivalQueue, LazyHeap
+from ..core.sequence import RUNNING, Sequence
 
 
-class RunningMaxHeap:
-    """The running sequences by a static key, largest first: `peek()` is the worst one.
-
-    Sequences are pushed when admitted; those no longer running are dropped lazily when they reach
-    the top, and the heap is rebuilt when stale entries outnumber live ones (amortised O(1) per
-    admission), so finished sequences that never reach the top do not accumulate.
-    """
-
-    __slots__ = ("_heap", "_key", "_members", "_tie")
-
-    def __init__(self, key: Any) -> None:
-        self._heap: list[tuple[Any, int, Sequence]] = []
-        self._key = key  # key(seq) -> a tuple of negated components: the min-heap pops the worst
-        self._members: set[Sequence] = set()
-        self._tie = itertools.count()
-
-    def push(self, seq: Sequence, num_running: int) -> None:
-        if seq in self._members:
-            return  # its entry is still in the heap, and valid again now that it runs
-        self._members.add(seq)
-        heapq.heappush(self._heap, (self._key(seq), next(self._tie), seq))
-        if len(self._heap) > 2 * num_running + 64:
-            self._heap = [e for e in self._heap if e[2].state is _RUNNING]
-            heapq.heapify(self._heap)
-            self._members = {e[2] for e in self._heap}
-
-    def peek(self) -> Sequence | None:
-        heap = self._heap
-        while heap and heap[0][2].state is not _RUNNING:
-            self._members.discard(heapq.heappop(heap)[2])
-        return heap[0][2] if heap else None
-
-
-class Priority:
+class Priority(ArrivalQueue):
     """Admits by effective priority, then arrival; preempts the least urgent running request.
 
     Decides:
@@ -114,36 +76,22 @@ class Priority:
         self.aging_rate = float(aging_rate)
         self.preempt_threshold = None if preempt_threshold is None else float(preempt_threshold)
         rate = self.aging_rate
-        self.queue = LazyHeap(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
-        self.running = RunningMaxHeap(
-            key=lambda s: (-(s.priority + rate * s.arrival_time), -s.arrival_time, -s.arrival_no, -s.index)
+        super().__init__(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
+        # the running sequences, worst first (the keys negated): `peek()` is the victim
+        self.running = LazyHeap(
+            key=lambda s: (-(s.priority + rate * s.arrival_time), -s.arrival_time, -s.arrival_no, -s.index),
+            live=frozenset((RUNNING,)),
         )
 
     def key(self, seq: Sequence) -> float:
         """The static aging key: effective priority at time `now` is `key - aging_rate * now`."""
         return seq.priority + self.aging_rate * seq.arrival_time
 
-    def effective_priority(self, seq: Sequence, now: float) -> float:
-        """`priority - aging_rate * (now - arrival_time)`."""
-        return seq.priority - self.aging_rate * (now - seq.arrival_time)
-
-    @hookimpl
-    def on_arrival(self, seqs: list[Sequence]) -> None:
-        push = self.queue.push
-        for s in seqs:
-            push(s)
-
-    @hookimpl
-    def on_preempted(self, seqs: list[Sequence]) -> None:
-        push = self.queue.push
-        for s in seqs:
-            push(s)
-
     @hookimpl
     def on_admitted(self, ctx: StepContext, seqs: list[Sequence]) -> None:
         push, n = self.running.push, len(ctx.running)
         for s in seqs:
-            push(s, n)
+            push(s, num_live=n)
 
     @hookimpl
     def admission(self) -> Candidates:
@@ -152,7 +100,7 @@ class Priority:
     @hookimpl
     def select_victim(self, requester: Sequence) -> Sequence | None:
         worst = self.running.peek()
-        if requester.state is _RUNNING:
+        if requester.state is RUNNING:
             return worst  # None (cannot happen while requester runs) would preempt the requester
         threshold = self.preempt_threshold
         if threshold is None or worst is None:

@@ -13,9 +13,8 @@ from typing import Any
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING, _WAITING, _SWAPPED = SeqState.RUNNING, SeqState.WAITING, SeqState.SWAPPED
+from ..core.inflight import PromptsInFlight
+from ..core.sequence import QUEUED, SWAPPED, Sequence
 
 
 class ReserveBlocks:
@@ -70,8 +69,7 @@ class ReserveBlocks:
         # +remaining at admission, -1 per token, -remaining when they stop running.
         self._running: set[Sequence] = set()
         self._remaining_outputs = 0
-        # running sequences admitted in the middle of a prefill (pruned lazily once they decode)
-        self._prefilling: dict[Sequence, None] = {}
+        self._in_flight = PromptsInFlight()
         self.refused = 0
         """How many times a candidate was refused (a counter for tests and reports)."""
 
@@ -89,10 +87,7 @@ class ReserveBlocks:
 
     @hookimpl
     def on_admitted(self, seqs: list[Sequence]) -> None:
-        prefilling = self._prefilling
-        for s in seqs:
-            if not s.is_decoding:
-                prefilling[s] = None
+        self._in_flight.admitted(seqs)
         if self.new_token_ratio is None:
             return
         running = self._running
@@ -133,16 +128,9 @@ class ReserveBlocks:
         step = _StepReserve(self, ctx)
         return Candidates.of(answer).gate(step.admit, admitted=step.admitted)
 
-    def _in_flight_prompt_blocks(self, block_size: int) -> int:
+    def _in_flight_prompt_blocks(self, ctx: StepContext) -> int:
         """Blocks the running partial prefills still need for the rest of their prompts."""
-        blocks = 0
-        prefilling = self._prefilling
-        for s in list(prefilling):
-            if s.state is not _RUNNING or s.is_decoding:
-                del prefilling[s]
-            else:
-                blocks += max(0, -(-len(s.token_ids) // block_size) - len(s.block_table))
-        return blocks
+        return self._in_flight.blocks_to_come(ctx)
 
 
 class _StepReserve:
@@ -156,20 +144,19 @@ class _StepReserve:
         self.caching = ctx.config.enable_prefix_caching
         ratio = plugin.new_token_ratio
         self.reserved_tokens = plugin._remaining_outputs * ratio if ratio is not None else 0.0
-        self.pending_blocks = plugin._in_flight_prompt_blocks(ctx.block_size)
+        self.pending_blocks = plugin._in_flight_prompt_blocks(ctx)
         self.unprotected = not ctx.running  # nothing runs: the first candidate passes
         self.needs: dict[Sequence, int] = {}
 
     def admit(self, seq: Sequence) -> bool:
-        state = seq.state
-        if state is not _WAITING and state is not _SWAPPED:
+        if seq.state not in QUEUED:
             return True  # stale (already running or finished): the scheduler skips it
         ctx, plugin, block_size = self.ctx, self.plugin, self.ctx.block_size
-        if state is _SWAPPED:
+        if seq.state is SWAPPED:
             need = total_need = len(seq.host_table) + 1
         else:
             cached = ctx.cached_prefix_tokens(seq) if self.caching else 0
-            total_need = -(-len(seq.token_ids) // block_size)
+            total_need = ctx.blocks_needed(len(seq.token_ids))
             need = total_need - cached // block_size
         if not self.unprotected:
             reserve = self.watermark + self.pending_blocks

@@ -16,7 +16,6 @@ tenant of finished requests' output lengths. An estimate above `max_new_tokens` 
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterator
 
@@ -24,10 +23,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.sequence import FinishReason, SeqState, Sequence
+from ..core.sequence import RUNNING, FinishReason, Sequence
 
-_RUNNING = SeqState.RUNNING
-_QUEUED = (SeqState.WAITING, SeqState.SWAPPED)
 _COMPLETED = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
 
 
@@ -39,55 +36,6 @@ def tokens_to_prefill(seq: Sequence) -> int:
     if len(seq.token_ids) > seq.num_prompt_tokens:
         n -= 1  # the newest output token is the input of the next decode, not prefill
     return max(0, n)
-
-
-class RemainingQueue:
-    """Waiting sequences by (remaining tokens, arrival), each keyed when pushed.
-
-    Unlike `LazyHeap`, pushing a sequence again (after a preemption) replaces its key: every push
-    bumps the sequence's version and older entries are dropped when they reach the top. The heap
-    is rebuilt when dead entries outnumber the waiting ones, so it stays O(waiting).
-    """
-
-    __slots__ = ("_heap", "_version")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, float, int, int, int, Sequence]] = []
-        self._version: dict[Sequence, int] = {}
-
-    def push(self, seq: Sequence, remaining: float, num_queued: int) -> None:
-        v = self._version.get(seq, 0) + 1
-        self._version[seq] = v
-        heapq.heappush(self._heap, (remaining, seq.arrival_time, seq.arrival_no, seq.index, v, seq))
-        if len(self._heap) > 2 * num_queued + 64:
-            version = self._version
-            self._heap = [e for e in self._heap if e[5].state in _QUEUED and version.get(e[5]) == e[4]]
-            heapq.heapify(self._heap)
-
-    def discard(self, seq: Sequence) -> None:
-        """Forget a sequence that ended (its entries become dead)."""
-        self._version.pop(seq, None)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def ordered(self) -> Iterator[Sequence]:
-        """Yield queued sequences, fewest remaining tokens first; those still queued when the
-        consumer stops are put back."""
-        heap, version = self._heap, self._version
-        taken = []
-        try:
-            while heap:
-                entry = heapq.heappop(heap)
-                seq = entry[5]
-                if seq.state not in _QUEUED or version.get(seq) != entry[4]:
-                    continue
-                taken.append(entry)
-                yield seq
-        finally:
-            for entry in taken:
-                if entry[5].state in _QUEUED:
-                    heapq.heappush(heap, entry)
 
 
 class SRPT:
@@ -152,7 +100,7 @@ class SRPT:
         self.max_wait_s = None if max_wait_s is None else float(max_wait_s)
         self.expected: dict[Sequence, int] = {}  # total output tokens expected, per live sequence
         self.tenant_stats: dict[str, list[int]] = {}  # tenant -> [sum of output tokens, count]
-        self.queue = RemainingQueue()
+        self.queue = LazyHeap(rekey=True)  # by (remaining, arrival), keyed at each push
         self.by_arrival = None  # the guard's queue, by arrival
         if max_wait_s is not None:
             self.by_arrival = LazyHeap(key=arrival_key)
@@ -195,7 +143,7 @@ class SRPT:
         push, remaining = self.queue.push, self.remaining
         n = len(ctx.waiting) + len(ctx.swapped)
         for s in seqs:
-            push(s, remaining(ctx, s), n)
+            push(s, (remaining(ctx, s), s.arrival_time, s.arrival_no, s.index), n)
         if self.by_arrival is not None:
             push = self.by_arrival.push
             for s in seqs:
@@ -246,7 +194,7 @@ class SRPT:
 
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not _RUNNING:
+        if requester.state is not RUNNING:
             return None
         remaining = self.remaining
         return max(ctx.running, key=lambda s: (remaining(ctx, s), s.arrival_time, s.arrival_no, s.index))

@@ -14,8 +14,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
-from ..core.sequence import SeqState, Sequence
-from .fcfs import last_admitted
+from ..core.sequence import FINISHED, QUEUED, Sequence
+from ..core.victims import last_admitted_victim
 
 
 class StaticBatching(ArrivalQueue):
@@ -27,7 +27,7 @@ class StaticBatching(ArrivalQueue):
 
     @hookimpl
     def admission(self, ctx: StepContext) -> Candidates:
-        self.batch = [s for s in self.batch if s.state is not SeqState.FINISHED]
+        self.batch = [s for s in self.batch if s.state is not FINISHED]
         if not self.batch:
             self.batch = self._form(ctx.config.max_num_seqs)
         return Candidates(self._pending(), head_of_line=True)
@@ -42,11 +42,9 @@ class StaticBatching(ArrivalQueue):
 
     def _pending(self) -> Iterator[Sequence]:
         for s in self.batch:
-            if s.state is SeqState.WAITING or s.state is SeqState.SWAPPED:
+            if s.state in QUEUED:
                 yield s
 
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not SeqState.RUNNING:
-            return None
-        return last_admitted(ctx)
+        return last_admitted_victim(ctx, requester)

@@ -8,9 +8,7 @@ from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
 from ..core.plan import StepPlan
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING = SeqState.RUNNING
+from ..core.sequence import RUNNING, Sequence
 
 
 class TokenRoundRobin(ArrivalQueue):
@@ -102,9 +100,9 @@ class TokenRoundRobin(ArrivalQueue):
 
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
-        if requester.state is not _RUNNING:
+        if requester.state is not RUNNING:
             return None
         for s in reversed(self.rotation):
-            if s.state is _RUNNING:
+            if s.state is RUNNING:
                 return s
         return None

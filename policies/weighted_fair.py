@@ -10,9 +10,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.sequence import SeqState, Sequence
-
-_RUNNING = SeqState.RUNNING
+from ..core.sequence import RUNNING, Sequence
+from ..core.victims import last_admitted
 
 
 def _number(name: str, value: Any, *, positive: bool) -> float:
@@ -191,7 +190,7 @@ class WeightedFair:
                 return
             yield best
             tenant = best.tenant
-            if best.state is _RUNNING:
+            if best.state is RUNNING:
                 pending[tenant] = pending.get(tenant, 0.0) + self._input_cost(best)
                 if queues[tenant].peek() is None:
                     self._last_left = tenant
@@ -201,13 +200,13 @@ class WeightedFair:
     @hookimpl
     def select_victim(self, ctx: StepContext, requester: Sequence) -> Sequence | None:
         counters = self.counters
-        if requester.state is _RUNNING:
+        if requester.state is RUNNING:
             queues = self._queues
             backlogged = {t for t in self._active if queues[t].peek() is not None}
-            return max(
-                ctx.running, key=lambda s: (s.tenant in backlogged, counters.get(s.tenant, 0.0), s.admitted_seq_no)
-            )
-        if not self.preempt or not ctx.running:
+            return last_admitted(ctx.running, rank=lambda s: (s.tenant in backlogged, counters.get(s.tenant, 0.0)))
+        if not self.preempt:
             return None
-        victim = max(ctx.running, key=lambda s: (counters.get(s.tenant, 0.0), s.admitted_seq_no))
-        return victim if counters.get(victim.tenant, 0.0) > counters.get(requester.tenant, 0.0) else None
+        victim = last_admitted(ctx.running, rank=lambda s: counters.get(s.tenant, 0.0))
+        if victim is None or counters.get(victim.tenant, 0.0) <= counters.get(requester.tenant, 0.0):
+            return None
+        return victim

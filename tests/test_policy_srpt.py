@@ -14,11 +14,11 @@ from metroline.core.errors import PluginLoadError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.request import SamplingParams
 from metroline.core.runner import run_workload
-from metroline.core.sequence import FinishReason, SeqState, Sequence
+from metroline.core.sequence import FinishReason, Sequence
 from metroline.core.workloads import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
-from metroline.policies.srpt import SRPT, RemainingQueue, tokens_to_prefill
+from metroline.policies.srpt import SRPT, tokens_to_prefill
 
 STEP = 0.01
 
@@ -150,25 +150,6 @@ def test_tokens_to_prefill():
     assert tokens_to_prefill(s) == 0  # decoding
     s.num_computed_tokens = 0
     assert tokens_to_prefill(s) == 12  # recompute preemption: all but the newest token again
-
-
-def test_remaining_queue_rekeys_a_pushed_again_sequence_and_stays_small():
-    q = RemainingQueue()
-    a, b = (Sequence(i, [1], SamplingParams(), 0.0, arrival_no=n) for n, i in enumerate("ab"))
-    q.push(a, 10.0, 2)
-    q.push(b, 5.0, 2)
-    q.push(a, 1.0, 2)  # a preempted: its new key replaces the old one
-    assert list(q.ordered()) == [a, b]
-    gen = q.ordered()
-    assert next(gen) is a
-    a.state = SeqState.RUNNING
-    gen.close()
-    assert list(q.ordered()) == [b]
-    b.state = SeqState.RUNNING
-    for _ in range(1000):  # dead entries are compacted away
-        q.push(a, 3.0, 1)
-    a.state = SeqState.WAITING
-    assert len(q) <= 2 * 1 + 64 + 1 and list(q.ordered()) == [a]
 
 
 # --- the guard ---------------------------------------------------------------------------------------
