@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from .candidates import close_candidates
 from .errors import PluginError
 from .forking import unforked
 from .sequence import RUNNING, SWAPPED, WAITING, Sequence
@@ -61,9 +62,7 @@ class Admission:
                 if outcome is STOP or (outcome is BLOCKED and head_of_line):
                     return
         finally:
-            close = getattr(candidates, "close", None)
-            if close is not None:
-                close()
+            close_candidates(candidates)  # the policy's generator gets its cleanup
 
     def _next_candidate(self, candidates: Iterator[Sequence]) -> Sequence | None:
         self._pulls_left -= 1
