@@ -15,7 +15,7 @@ import torch
 
 from ...core.plan import StepPlan, StepResult
 from ..base import ExecutorStats
-from . import attention
+from . import attention, linear
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 
 CPU_KV_BUDGET = 1 << 30
@@ -61,6 +61,7 @@ class TorchExecutor:
         self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
         self.kv_memory = kv_memory
         self.ops = attention.attention_ops(self.device)
+        self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
@@ -173,7 +174,7 @@ class TorchExecutor:
             self.kv.k_layers, self.kv.v_layers, self.ops,
         )
         keep = torch.tensor([last_row[s] for s in plan.sample_seqs], dtype=torch.int64, device=dev)
-        with attention.active_step(meta):
+        with attention.active_step(meta), linear.active():
             out = self.model(
                 input_ids=torch.tensor([ids], device=dev),
                 position_ids=torch.tensor([positions], device=dev),
@@ -191,6 +192,7 @@ class TorchExecutor:
             "dtype": str(self.dtype).removeprefix("torch."),
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "attention": self.ops.__name__.rsplit(".", 1)[-1],
+            "linear": "onednn" if self.onednn_linears else "torch",
             **self.stats.as_dict(),
         }
 
