@@ -14,12 +14,17 @@ Each engine first runs a short warm-up (not timed). Token counts are checked: ev
 produce exactly the requested tokens. Torch timings on a small machine are only stable with the
 allocator settings in `MALLOC_ENV`; the script re-executes itself with them when they are missing.
 
-Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N]
+metroline's executor runs its float32 linear layers through oneDNN on prepacked weights
+(`executors/torch/linear.py`); HF runs torch's stock `linear` (MKL). `--hf-linear onednn` gives
+both HF engines the same linear layers, to separate what the kernels win from what the engine wins.
+
+Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N] [--hf-linear onednn]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -74,38 +79,45 @@ class _Argmax:
         return logits.argmax(dim=-1).tolist()
 
 
-def run_hf_continuous(model: Any, prompts: list[list[int]], lengths: list[int], block_size: int = 32) -> tuple[float, int]:
-    """transformers' continuous batching, each request with its own `max_new_tokens`."""
+def run_hf_continuous(
+    model: Any, prompts: list[list[int]], lengths: list[int], linear_layers: Any, block_size: int = 32
+) -> tuple[float, int]:
+    """transformers' continuous batching, each request with its own `max_new_tokens`, with the
+    linear layers `linear_layers()` (a context manager) selects."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     need = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, lengths))
     cb = ContinuousBatchingConfig(num_blocks=need + 64, max_batch_tokens=2048, page_size=block_size)
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(lengths), eos_token_id=None, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-    manager.start()
-    try:
-        t0 = time.perf_counter()
-        for i, (p, n) in enumerate(zip(prompts, lengths)):
-            manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
-        tokens, done = 0, 0
-        while done < len(prompts):
-            result = manager.get_result(timeout=600)
-            if result is None:
-                raise RuntimeError("HF continuous batching stopped before every request finished")
-            if result.is_finished():
-                if result.error:
-                    raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
-                done += 1
-                tokens += len(result.generated_tokens)
-        dt = time.perf_counter() - t0
-    finally:
-        manager.stop(block=True)
+    with linear_layers():
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        manager.start()
+        try:
+            t0 = time.perf_counter()
+            for i, (p, n) in enumerate(zip(prompts, lengths)):
+                manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
+            tokens, done = 0, 0
+            while done < len(prompts):
+                result = manager.get_result(timeout=600)
+                if result is None:
+                    raise RuntimeError("HF continuous batching stopped before every request finished")
+                if result.is_finished():
+                    if result.error:
+                        raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
+                    done += 1
+                    tokens += len(result.generated_tokens)
+            dt = time.perf_counter() - t0
+        finally:
+            manager.stop(block=True)
     return dt, tokens
 
 
-def run_hf_static(model: Any, prompts: list[list[int]], lengths: list[int], batch: int) -> tuple[float, int]:
-    """HF `generate` on left-padded batches of `batch` requests; a batch runs to its longest request."""
+def run_hf_static(
+    model: Any, prompts: list[list[int]], lengths: list[int], batch: int, linear_layers: Any
+) -> tuple[float, int]:
+    """HF `generate` on left-padded batches of `batch` requests (a batch runs to its longest
+    request), with the linear layers `linear_layers()` (a context manager) selects."""
     import torch
 
     tokens = 0
@@ -115,7 +127,7 @@ def run_hf_static(model: Any, prompts: list[list[int]], lengths: list[int], batc
         width = max(map(len, ps))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in ps])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
-        with torch.inference_mode():
+        with torch.inference_mode(), linear_layers():
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max(ns), min_new_tokens=max(ns),
                                  do_sample=False, pad_token_id=0, eos_token_id=None)
         tokens += sum(min(n, out.shape[1] - width) for n in ns)
@@ -133,6 +145,8 @@ def main() -> int:
                         help="torch threads, every engine alike (default 1: on a shared machine more threads "
                         "spin against other processes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-linear", choices=("torch", "onednn"), default="torch",
+                        help="HF's linear layers: torch's stock kernel (default) or metroline's oneDNN ones")
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
@@ -140,7 +154,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from metroline.executors.torch import TorchExecutor
+    from metroline.executors.torch import TorchExecutor, linear
     from metroline.executors.torch.attention import register
     from metroline.executors.torch.loader import load
 
@@ -149,15 +163,21 @@ def main() -> int:
     model, tokenizer, folder = load(args.model, torch.float32, torch.device("cpu"), register())
     executor = TorchExecutor(model, tokenizer, source=args.model)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf_linear = contextlib.nullcontext
+    if args.hf_linear == "onednn":
+        if not linear.install(hf):
+            raise SystemExit("--hf-linear onednn: oneDNN linear layers are not available here")
+        hf_linear = linear.active
     vocab = executor.vocab_size
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     print(f"model {args.model} (float32, cpu, {torch.get_num_threads()} torch threads); load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; prompts of {args.prompt_len} random tokens; greedy, EOS off")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; prompts of {args.prompt_len} random tokens; greedy, EOS off; "
+          f"linear layers: metroline {executor.describe()['linear']}, HF {args.hf_linear}")
     warm = prompts_for(4, 8, vocab, 99)
     runners = {
         "metroline": lambda ps, ns: run_metroline(executor, ps, ns),
-        "hf_cb": lambda ps, ns: run_hf_continuous(hf, ps, ns),
-        "hf_static": lambda ps, ns: run_hf_static(hf, ps, ns, args.static_batch),
+        "hf_cb": lambda ps, ns: run_hf_continuous(hf, ps, ns, hf_linear),
+        "hf_static": lambda ps, ns: run_hf_static(hf, ps, ns, args.static_batch, hf_linear),
     }
     for e in engines:
         runners[e](warm, [4] * 4)

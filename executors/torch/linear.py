@@ -8,7 +8,8 @@ once into oneDNN's blocked layout; outside a step the layer is plain `F.linear`,
 object still serves Hugging Face `generate` unchanged. Results are float32 (no reduced-precision
 math), equal to `F.linear` up to summation order.
 
-The packed copy is taken at `install`: weights changed afterwards are not seen inside a step.
+The packed copy is taken at `install`, of the weights the layers hold then: weights changed or
+replaced afterwards are not seen.
 """
 
 from __future__ import annotations
@@ -35,20 +36,22 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedForward:
-    """The forward of one `nn.Linear`: oneDNN on the packed weight inside a step, `F.linear` outside."""
+    """The forward of one `nn.Linear`: oneDNN on the packed weight inside a step, `F.linear` outside.
 
-    __slots__ = ("linear", "packed")
+    It holds the layer's weight and bias, not the layer (which holds it: no reference cycle)."""
+
+    __slots__ = ("weight", "bias", "packed")
 
     def __init__(self, linear: torch.nn.Linear) -> None:
-        self.linear = linear
+        self.weight = linear.weight
+        self.bias = linear.bias
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_BATCH_HINT)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.linear.bias
         if _active:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
-        return F.linear(x, self.linear.weight, bias)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 def install(model: Any) -> int:
