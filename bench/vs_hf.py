@@ -11,9 +11,9 @@ Workloads (64 requests, greedy, EOS off, random prompts of `--prompt-len` tokens
 - `uniform`: 64 requests of 64 output tokens.
 
 Each engine first runs a short warm-up (not timed). Besides wall-clock seconds, the table gives
-the process's CPU seconds per run (all threads): on a machine shared with other work they show
-what each engine costs when the wall clock mostly shows the neighbours. Token counts are checked: every engine must
-produce exactly the requested tokens. Torch timings on a small machine are only stable with the
+the process's CPU seconds over the same interval (all threads): on a machine shared with other work
+they show what each engine costs when the wall clock mostly shows the neighbours. Token counts are
+checked: every engine must produce exactly the requested tokens. Torch timings on a small machine are only stable with the
 allocator settings in `MALLOC_ENV`; the script re-executes itself with them when they are missing.
 
 metroline's executor runs its float32 linear layers through oneDNN on prepacked weights
@@ -42,27 +42,37 @@ WORKLOADS = {"mixed": [16] * 54 + [160] * 10, "uniform": [64] * 64}
 """Output lengths of each workload's requests, in submission order (long ones last)."""
 
 
+class Stopwatch:
+    """Wall-clock seconds and the process's CPU seconds (all threads) since it was made."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def prompts_for(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, int]:
-    """(seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
+def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, float, int]:
+    """(seconds, CPU seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
     from metroline.core.config import EngineConfig
     from metroline.core.engine import Engine
 
     plugins = [] if _vectorised_sampler() else [_Argmax()]
     engine = Engine(EngineConfig(policy="fcfs", num_blocks=executor.suggest_num_blocks(16)), executor,
                     plugins=plugins)
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         engine.add_request({"request_id": str(i), "prompt_token_ids": p,
                             "sampling": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}})
     done = engine.run()
-    dt = time.perf_counter() - t0
+    dt, cpu = clock.read()
     tokens = sum(len(seqs[0].output_token_ids) for seqs in done.values())
-    return dt, tokens
+    return dt, cpu, tokens
 
 
 def _vectorised_sampler() -> bool:
@@ -83,7 +93,7 @@ class _Argmax:
 
 def run_hf_continuous(
     model: Any, prompts: list[list[int]], lengths: list[int], linear_layers: Any, block_size: int = 32
-) -> tuple[float, int]:
+) -> tuple[float, float, int]:
     """transformers' continuous batching, each request with its own `max_new_tokens`, with the
     linear layers `linear_layers()` (a context manager) selects."""
     from transformers import GenerationConfig
@@ -96,7 +106,7 @@ def run_hf_continuous(
         manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         manager.start()
         try:
-            t0 = time.perf_counter()
+            clock = Stopwatch()
             for i, (p, n) in enumerate(zip(prompts, lengths)):
                 manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
             tokens, done = 0, 0
@@ -109,21 +119,21 @@ def run_hf_continuous(
                         raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
                     done += 1
                     tokens += len(result.generated_tokens)
-            dt = time.perf_counter() - t0
+            dt, cpu = clock.read()
         finally:
             manager.stop(block=True)
-    return dt, tokens
+    return dt, cpu, tokens
 
 
 def run_hf_static(
     model: Any, prompts: list[list[int]], lengths: list[int], batch: int, linear_layers: Any
-) -> tuple[float, int]:
+) -> tuple[float, float, int]:
     """HF `generate` on left-padded batches of `batch` requests (a batch runs to its longest
     request), with the linear layers `linear_layers()` (a context manager) selects."""
     import torch
 
     tokens = 0
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for b in range(0, len(prompts), batch):
         ps, ns = prompts[b:b + batch], lengths[b:b + batch]
         width = max(map(len, ps))
@@ -133,7 +143,7 @@ def run_hf_static(
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max(ns), min_new_tokens=max(ns),
                                  do_sample=False, pad_token_id=0, eos_token_id=None)
         tokens += sum(min(n, out.shape[1] - width) for n in ns)
-    return time.perf_counter() - t0, tokens
+    return (*clock.read(), tokens)
 
 
 def main() -> int:
@@ -189,9 +199,7 @@ def main() -> int:
         prompts = prompts_for(len(lengths), args.prompt_len, vocab, args.seed)
         rates, cpu_rates = {}, {}
         for e in engines:
-            cpu = time.process_time()
-            dt, tokens = runners[e](prompts, lengths)
-            cpu = time.process_time() - cpu
+            dt, cpu, tokens = runners[e](prompts, lengths)
             if tokens != sum(lengths):
                 raise RuntimeError(f"{e} on {name}: {tokens} output tokens, expected {sum(lengths)}")
             rates[e], cpu_rates[e] = tokens / dt, tokens / cpu
