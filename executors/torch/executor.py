@@ -2,7 +2,9 @@
 
 A step's block ops (copy-on-write copies, swaps) run first, in plan order; then its prefill chunks
 and decodes run as one packed forward (batch 1, explicit positions, no padding), and the LM head
-runs only on the last token of each sequence in `plan.sample_seqs`.
+runs only on the last token of each sequence in `plan.sample_seqs`. On CPU in float32 the model's
+linear layers run through oneDNN on prepacked weights during a step (`linear.py`; the model object
+is otherwise unchanged and keeps serving `generate` with torch's own kernels).
 """
 
 from __future__ import annotations
