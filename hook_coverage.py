@@ -132,6 +132,10 @@ def _finish(inner: Generator, resume: Callable[[Any], Any], value: Any, cov: Hoo
     raise RuntimeError(f"the {cov.hook} wrapper yielded twice")
 
 
+_END = object()
+"""Logged after the last candidate of an iterable that ran out."""
+
+
 class _AdmissionTap:
     """One call of an `admission` wrapper: the candidates it pulled from the answer below and
     those it let through, compared when the scheduler is done with its answer."""
@@ -139,44 +143,41 @@ class _AdmissionTap:
     def __init__(self, cov: HookCoverage, received: Candidates) -> None:
         self.cov = cov
         self.below = received
-        self.pulled: list[Any] = []
-        self.passed: list[Any] = []
-        self.pulled_all = self.passed_all = False
-        self.flag_changed = False
+        self.pulled: list[Any] = []  # then _END if the answer below ran out
+        self.passed: list[Any] = []  # then _END if the wrapper's answer ran out
+        self.head_of_line_changed = False
 
     def received(self) -> Candidates:
         """The answer below, as the wrapper gets it: the same candidates, recorded as pulled."""
-        return Candidates(self._pull(iter(self.below)), self.below.head_of_line)
+        return Candidates(_logged(iter(self.below), self.pulled), self.below.head_of_line)
 
     def answered(self, answer: Candidates) -> Candidates:
         """The wrapper's answer, as the scheduler gets it: the same candidates, recorded as let
         through; judged when the scheduler closes it or pulls it to the end."""
-        self.flag_changed = answer.head_of_line != self.below.head_of_line
-        return Candidates(self._pass(iter(answer)), answer.head_of_line)
+        self.head_of_line_changed = answer.head_of_line != self.below.head_of_line
+        return Candidates(_logged(iter(answer), self.passed, self._judge), answer.head_of_line)
 
-    def _pull(self, items: Iterator[Any]) -> Iterator[Any]:
-        try:
-            for seq in items:
-                self.pulled.append(seq)
-                yield seq
-            self.pulled_all = True
-        finally:
-            close_candidates(items)
+    def _judge(self) -> None:
+        passed, pulled = self.passed, self.pulled
+        # while the scheduler still pulled, each candidate let through is the next one pulled;
+        # an answer that ran out did so with the one below, after the same candidates
+        same = passed == pulled if passed[-1:] == [_END] else passed == pulled[: len(passed)]
+        if self.head_of_line_changed or not same:
+            self.cov.changed += 1
 
-    def _pass(self, items: Iterator[Any]) -> Iterator[Any]:
-        try:
-            for seq in items:
-                self.passed.append(seq)
-                yield seq
-            self.passed_all = True
-        finally:
-            close_candidates(items)
-            n = len(self.passed)
-            same = self.passed == self.pulled[:n] and not (
-                self.passed_all and (not self.pulled_all or n != len(self.pulled))
-            )
-            if self.flag_changed or not same:
-                self.cov.changed += 1
+
+def _logged(items: Iterator[Any], log: list[Any], then: Callable[[], None] | None = None) -> Iterator[Any]:
+    """`items`, each appended to `log` as it is pulled (and `_END` when they run out); once closed
+    or run out, `items` is closed and `then()` called."""
+    try:
+        for seq in items:
+            log.append(seq)
+            yield seq
+        log.append(_END)
+    finally:
+        close_candidates(items)
+        if then is not None:
+            then()
 
 
 def _counted_old_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Callable[..., Generator]:
