@@ -9,11 +9,14 @@ import argparse
 from collections import Counter
 
 import pytest
+from conftest import make_engine, request, run_to_end
 
 from metroline.check_plugin_cli import add_check_plugin_parser, cmd_check_plugin
 from metroline.core.candidates import Candidates
+from metroline.core.errors import PluginError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
+from metroline.hook_coverage import watch
 from metroline.testing import ConformanceError, check_plugin, conformance_workloads, with_tenants
 
 
@@ -175,6 +178,55 @@ def test_an_old_style_hookwrapper_changes_the_answer_when_it_forces_another():
     cov = report.coverage["order_running"]
     assert (cov.calls, cov.changed) == (tallies[0]["calls"], tallies[0]["forced"])
     assert cov.changed > 0
+
+
+class Failing:
+    name = "failing"
+
+    @hookimpl
+    def order_running(self):
+        raise RuntimeError("boom")
+
+
+class Rescuer:
+    """A wrapper over a plugin that raises: it answers in its place (`rescue`), or lets the error
+    through."""
+
+    name = "rescuer"
+
+    def __init__(self, rescue: bool) -> None:
+        self.rescue = rescue
+
+    @hookimpl(wrapper=True)
+    def order_running(self, running):
+        try:
+            return (yield)
+        except PluginError:
+            if not self.rescue:
+                raise
+            return list(running)
+
+
+def _watched(rescue: bool):
+    engine = make_engine(plugins=[Failing(), Rescuer(rescue)])
+    coverage: dict = {}
+    watch(engine, "rescuer", coverage)
+    engine.plugins.monitor(lambda *a: None, lambda *a: None)  # every hook call through pluggy
+    engine.add_request(request("r", 4, max_new=3))
+    return engine, coverage["order_running"]
+
+
+def test_a_wrapper_answering_in_place_of_an_error_changed_the_answer():
+    engine, cov = _watched(rescue=True)
+    run_to_end(engine)
+    assert cov.calls == cov.changed > 0
+
+
+def test_a_wrapper_letting_an_error_through_changed_nothing():
+    engine, cov = _watched(rescue=False)
+    with pytest.raises(PluginError, match="boom"):
+        run_to_end(engine)
+    assert (cov.calls, cov.changed) == (1, 0)
 
 
 class PassThrough:
