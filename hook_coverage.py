@@ -49,6 +49,11 @@ class HookCoverage:
             return f"called {self.calls} times, never changed an answer"
         return None
 
+    def count_change(self) -> None:
+        """One more changed answer (nothing for an observer hook, whose changes are not counted)."""
+        if self.changed is not None:
+            self.changed += 1
+
     def __str__(self) -> str:
         changed = "" if self.changed is None else f", changed the answer {self.changed} times"
         return f"{self.hook}: called {self.calls} times{changed}"
@@ -85,8 +90,8 @@ def _counted(fn: Callable[..., Any], cov: HookCoverage) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         cov.calls += 1
         answer = fn(*args, **kwargs)
-        if answer is not None and cov.changed is not None:
-            cov.changed += 1
+        if answer is not None:
+            cov.count_change()
         return answer
 
     return call
@@ -104,7 +109,7 @@ def _counted_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Callabl
             received = yield next(inner)
         except BaseException as exc:
             answer = _finish(inner, inner.throw, exc, cov)  # raises again unless the wrapper answers
-            cov.changed += 1
+            cov.count_change()
             return answer
         tap = _AdmissionTap(cov, received) if isinstance(received, Candidates) else None
         sent = received if tap is None else tap.received()
@@ -112,7 +117,7 @@ def _counted_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Callabl
         if tap is not None and isinstance(answer, Candidates):
             return tap.answered(answer)  # judged as the scheduler pulls the candidates
         if not _same(answer, sent):
-            cov.changed += 1
+            cov.count_change()
         return answer
 
     return call
@@ -126,7 +131,7 @@ def _finish(inner: Generator, resume: Callable[[Any], Any], value: Any, cov: Hoo
         return stop.value
     except BaseException as exc:
         if exc is not value:
-            cov.changed += 1  # it raised its own error in place of an answer
+            cov.count_change()  # it raised its own error in place of an answer
         raise
     inner.close()
     raise RuntimeError(f"the {cov.hook} wrapper yielded twice")
@@ -163,7 +168,7 @@ class _AdmissionTap:
         # an answer that ran out did so with the one below, after the same candidates
         same = passed == pulled if passed[-1:] == [_END] else passed == pulled[: len(passed)]
         if self.head_of_line_changed or not same:
-            self.cov.changed += 1
+            self.cov.count_change()
 
 
 def _logged(items: Iterator[Any], log: list[Any], then: Callable[[], None] | None = None) -> Iterator[Any]:
@@ -197,7 +202,7 @@ def _counted_old_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Cal
             inner.close()
             raise RuntimeError(f"the {cov.hook} hookwrapper yielded twice")
         if not _same(_outcome(outcome), before):
-            cov.changed += 1
+            cov.count_change()
 
     return call
 
