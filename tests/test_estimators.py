@@ -195,8 +195,9 @@ class Nonsense:
 @pytest.mark.parametrize("answer", [-3, 2.5, "12", True, [4]])
 @pytest.mark.parametrize("policy", ["srpt", "hrrn"])
 def test_a_nonsense_estimate_is_a_plugin_error_naming_the_estimator(answer, policy):
-    plugins = [Nonsense(answer)] if policy == "srpt" else [HRRN(), Nonsense(answer)]
-    engine = make_engine(policy="srpt" if policy == "srpt" else "fcfs", specs=["length_mean"], plugins=plugins)
+    # a sound estimator below the nonsense one: the first answer, the nonsense, is the one checked
+    plugins = [LengthMean(), Nonsense(answer)] if policy == "srpt" else [LengthMean(), HRRN(), Nonsense(answer)]
+    engine = make_engine(policy="srpt" if policy == "srpt" else "fcfs", plugins=plugins)
     engine.add_request(request("r", 4))
     with pytest.raises(PluginError) as info:
         engine.step()
