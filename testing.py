@@ -39,7 +39,7 @@ goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `wor
 own workload (a `Workload`, a `SyntheticSpec` or its dict, a built-in name or a file path) to the
 suite's, with its own tenants. The report's `coverage` says, for each hook your plugin implements,
 how many times it was called and how many times its answer changed the answer without it (see
-`metroline.hook_coverage`); a hook that was never called, or never changed an answer, is a
+`metroline.core.hook_coverage`); a hook that was never called, or never changed an answer, is a
 warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
 """
 
@@ -62,7 +62,7 @@ from .core.sequence import FinishReason, SeqState
 from .core.workloads import SyntheticSpec, Workload, build_workload, generate
 from .executors.cost_models import make_cost_model
 from .executors.simulated import SimulatedExecutor
-from .hook_coverage import HookCoverage, watch
+from .core.hook_coverage import HookCoverage, watch
 
 PER_STEP_LIMITS: dict[str, int] = {
     "admission": 1,

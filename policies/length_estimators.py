@@ -1,7 +1,7 @@
 """Output-length estimators: plugins that answer `estimate_output_tokens` under any policy.
 
 A policy that orders requests by their expected length (`srpt`, a shortest-job or HRRN policy of
-your own) asks `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)` when a request carries no
+your own) asks `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)` when a request carries no
 `expected_output_tokens` hint. Stack one of these to answer it, under any base policy:
 
     metroline run --policy srpt --plugin length_regression

@@ -129,7 +129,7 @@ class HRRN:
     @hookimpl
     def on_arrival(self, ctx, seqs):
         for s in seqs:
-            est = ctx.hooks.estimate_output_tokens(ctx=ctx, seq=s)
+            est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=s)
             assert est is not None, "no estimator answered"
             self.estimates[s.seq_id] = est
 
