@@ -16,7 +16,8 @@ When the plugin manager loads a class that has such a model, it validates the co
 `[plugin_options.NAME]` table against it and calls the class with one argument, the validated
 `Options` instance (`take_options` returns it as is). Called directly, the class takes its options as
 keyword (or positional, in field order) arguments, validated the same way. A class without an
-`Options` model gets the table as keyword arguments, unvalidated, as before.
+`Options` model gets the table as keyword arguments, unvalidated, as before; so does a subclass
+that defines its own `__init__` without declaring a model of its own (`options_model`).
 
 Every bad option is reported in one format, `plugin 'NAME': option 'FIELD': PROBLEM (got VALUE)`
 (several joined by "; "), as a `PluginOptionsError` (a `PluginLoadError`, so a `ValueError`); an
@@ -66,8 +67,22 @@ class PluginOptionsError(PluginLoadError):
 
 
 def options_model(target: Any) -> type[BaseModel] | None:
-    """The `Options` model a plugin class (or instance) declares; None when it declares none."""
-    model = getattr(target, "Options", None)
+    """The `Options` model that describes how a plugin class (or instance) is built; None when it
+    declares none. A subclass that defines its own `__init__` without declaring an `Options` model
+    of its own has none (its `__init__`, not its parent's, takes the options), so a user's subclass
+    of a shipped plugin keeps getting its table as keyword arguments."""
+    cls = target if isinstance(target, type) else type(target)
+    model = _declared_model(cls)
+    if model is None:
+        return None
+    mro = cls.__mro__
+    declared_at = next(i for i, c in enumerate(mro) if "Options" in vars(c))
+    built_at = next(i for i, c in enumerate(mro) if "__init__" in vars(c))
+    return model if declared_at <= built_at else None
+
+
+def _declared_model(cls: type) -> type[BaseModel] | None:
+    model = getattr(cls, "Options", None)
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
@@ -84,7 +99,7 @@ def take_options(plugin: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     **kwargs)`: a validated `Options` instance alone (what the plugin manager passes) is returned as
     is; otherwise the positional arguments are the options in field order and the keyword ones by
     name, validated together."""
-    model = options_model(plugin)
+    model = _declared_model(type(plugin))
     name = getattr(plugin, "name", None) or type(plugin).__name__
     if model is None:
         raise TypeError(f"plugin {name!r}: {type(plugin).__qualname__} declares no Options model")

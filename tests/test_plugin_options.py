@@ -195,6 +195,7 @@ USER_MODULE = '''
 from pydantic import BaseModel, ConfigDict, Field
 
 from metroline.core.hookspecs import hookimpl
+from metroline.policies.fcfs import FCFS
 
 
 class Raw:
@@ -225,6 +226,22 @@ class Declared:
     @hookimpl
     def on_arrival(self, seqs):
         pass
+
+
+class Tagged(FCFS):
+    """A subclass of a shipped plugin with an `__init__` of its own and no model of its own."""
+
+    name = "tagged"
+
+    def __init__(self, tag="x"):
+        super().__init__()
+        self.tag = tag
+
+
+class Inherits(FCFS):
+    """A subclass that keeps its parent's `__init__`, and so its parent's model."""
+
+    name = "inherits"
 '''
 
 
@@ -251,6 +268,13 @@ def test_a_user_plugin_with_a_model_gets_the_validated_object_and_the_one_format
     assert str(info.value) == "plugin 'declared': option 'window': Input should be greater than or equal to 1 (got 0)"
     with pytest.raises(PluginOptionsError, match=r"option 'windw': unknown option; did you mean 'window'\? \(valid options: window\)"):
         PluginManager(EngineConfig(plugins=[spec], plugin_options={"declared": {"windw": 3}}))
+
+
+def test_a_subclass_with_its_own_init_gets_its_dict_one_without_keeps_the_model(user_module):
+    pm = PluginManager(EngineConfig(policy=f"{user_module}:Tagged", plugin_options={"tagged": {"tag": "y"}}))
+    assert pm.get("tagged").tag == "y"
+    with pytest.raises(PluginOptionsError, match=r"^plugin 'inherits': option 'tag': unknown option \(the plugin takes no options\)$"):
+        PluginManager(EngineConfig(policy=f"{user_module}:Inherits", plugin_options={"inherits": {"tag": "y"}}))
 
 
 def test_options_under_both_the_name_and_the_spec_are_an_error(user_module):
