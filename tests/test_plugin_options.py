@@ -25,6 +25,14 @@ from metroline.core.plugins import SHIPPED, PluginManager, resolve
 
 PLUGINS = {name: resolve(name) for name in SHIPPED}
 
+
+def fields_of(name):
+    """The option fields a shipped plugin declares (none when it declares no model, which
+    `test_every_shipped_plugin_declares_documented_options` reports)."""
+    model = options_model(PLUGINS[name])
+    return model.model_fields if model is not None else {}
+
+
 PHRASES = {
     annotated_types.Ge: ("ge", "greater than or equal to", -1),
     annotated_types.Gt: ("gt", "greater than", 0),
@@ -58,9 +66,8 @@ def limit_cases():
     """(plugin, option path, bad value, expected message) for every declared limit of every
     shipped plugin's options."""
     cases = []
-    for name, target in PLUGINS.items():
-        model = options_model(target)
-        for field_name, field in model.model_fields.items():
+    for name in PLUGINS:
+        for field_name, field in fields_of(name).items():
             found = [((field_name,), field.annotation, limit) for limit in limits_of(field.metadata)]
             for arg in typing.get_args(field.annotation):  # an `Annotated[...] | None`
                 if typing.get_origin(field.annotation) is not dict and typing.get_origin(arg) is typing.Annotated:
@@ -102,7 +109,7 @@ def test_every_shipped_plugin_declares_documented_options(name):
 
 
 def test_every_plugin_with_options_has_a_limit_tested():
-    with_options = {name for name, target in PLUGINS.items() if options_model(target).model_fields}
+    with_options = {name for name in PLUGINS if fields_of(name)}
     tested = {case.values[0] for case in limit_cases()}
     assert with_options and with_options <= tested
 
@@ -147,16 +154,17 @@ def test_a_cross_field_rule_names_the_option_it_checks():
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_an_unknown_key_lists_the_valid_ones(name):
-    fields = list(options_model(PLUGINS[name]).model_fields)
+    assert options_model(PLUGINS[name]) is not None, f"{name} declares no Options model"
+    fields = list(fields_of(name))
     with pytest.raises(PluginOptionsError) as info:
         load(name, {"zzz_unknown": 1})
     listed = f"valid options: {', '.join(fields)}" if fields else "the plugin takes no options"
     assert str(info.value) == f"plugin '{name}': option 'zzz_unknown': unknown option ({listed})"
 
 
-@pytest.mark.parametrize("name", [n for n in SHIPPED if options_model(PLUGINS[n]).model_fields])
+@pytest.mark.parametrize("name", [n for n in SHIPPED if fields_of(n)])
 def test_a_misspelt_key_gets_a_did_you_mean(name):
-    field = max(options_model(PLUGINS[name]).model_fields, key=len)
+    field = max(fields_of(name), key=len)
     with pytest.raises(PluginOptionsError, match=f"option '{field[:-1]}': unknown option; did you mean '{field}'\\?"):
         load(name, {field[:-1]: 1})
 
@@ -292,11 +300,8 @@ def test_metroline_plugins_lists_every_option_with_type_default_and_description(
     assert cli.main(["plugins", "--config", str(config)]) == 0
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     assert any(line.startswith("max_wait_s = 2.0 (float >= 0 | None, default None): ") for line in lines)
-    for name, target in PLUGINS.items():
-        model = options_model(target)
-        if not model.model_fields:
-            continue
-        for field_name, field in model.model_fields.items():
+    for name in PLUGINS:
+        for field_name, field in fields_of(name).items():
             default = field.default_factory() if field.default_factory is not None else field.default
             rows = [line for line in lines if line.startswith((f"{field_name} (", f"{field_name} = "))]
             assert any(f"default {default!r}): {field.description}" in row for row in rows), (name, field_name)
