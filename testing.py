@@ -56,6 +56,7 @@ from typing import Any
 
 from .core.config import EngineConfig
 from .core.plugins import SHIPPED, resolve
+from .core.plugin_loader import instantiate
 from .core.engine import Engine
 from .core.runner import replay, result_of
 from .core.sequence import FinishReason, SeqState
@@ -341,7 +342,7 @@ def check_plugin(
                 return conformance_config(policy=spec, **fields), []
             return conformance_config(policy=base, plugins=[spec], **fields), []
         fields["policy"] = base
-        obj = target(**options) if inspect.isclass(target) else target
+        obj = instantiate(spec, target, options)[1] if inspect.isclass(target) else target
         return conformance_config(**fields), [obj]
 
     report = ConformanceReport(name)
