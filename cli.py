@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="rerun a result document's command (its manifest) and say whether "
                             "the result matches")
     replay.add_argument("file", metavar="FILE", help="a result document written with --json")
-    plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
+    plugins = sub.add_parser("plugins", help="list the loaded plugins, the hooks each implements and their options")
     engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
