@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..async_engine import AsyncEngine, Rejected, RequestStream
@@ -25,10 +25,9 @@ from ..request import Request, SamplingParams
 from ..sequence import FinishReason, Sequence
 from . import protocol as p
 from .metrics import ServerMetrics
+from .sse import EventStream, final_texts, hold_for
 from .tenants import ServeConfig, Tenants, quota_retry_after
-from .tokens import TextStream, tokenizer_for
-
-_OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+from .tokens import tokenizer_for
 
 
 def error(status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
@@ -63,17 +62,6 @@ class Server:
         self.metrics.reject(tenant, reason)
         headers = None if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return _Refusal(error(status, message, type_, param, code, headers))
-
-    def _engine_stops(self, body: p._Body) -> tuple[str, ...]:
-        """Stop strings the engine applies (when it detokenises); else the server does (`_stops`)."""
-        if self.engine.detokenizer is None or not body.stop:
-            return ()
-        return (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
-
-    def _stops(self, body: p._Body) -> list[str]:
-        if self.engine.detokenizer is not None:
-            return []
-        return [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
 
     async def _admit(self, http: HTTPRequest, chat: bool) -> tuple[Any, Request, RequestStream]:
         tenant = self.tenants.identify(http.headers.get("authorization"))
@@ -113,7 +101,7 @@ class Server:
                 sampling=SamplingParams(
                     max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                     seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
-                    stop=self._engine_stops(body),
+                    stop=() if body.stop is None else body.stop, n=body.n,
                 ),
             ))
         except ValidationError as exc:
@@ -155,65 +143,20 @@ class Server:
         except _Refusal as refusal:
             return refusal.response
         shapes = p.Shapes(request.request_id, self.serve.model, chat)
-        stops = self._stops(body)
         if body.stream:
-            return StreamingResponse(self._sse(stream, shapes, stops, body.include_usage), media_type="text/event-stream")
+            return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
+                               self.loop.abort)
         try:
-            text, reason = "", None
-            texts = TextStream(self.tokenizer)
-            while reason is None:
-                await stream.next()
-                text, reason = self._stop(stream, texts.full(stream), stops)
+            await stream.result()
         finally:
             if not stream.finished:
                 self.loop.abort(request.request_id)
-        if reason == "error":
+        if stream.finish_reason is FinishReason.FAILED:
             return error(500, f"the engine failed this request: {stream.error}", "server_error")
-        if reason == "cancelled":
+        if stream.finish_reason is FinishReason.CANCELLED:
             return error(503, "the request was cancelled (server shutting down)", "server_error")
-        use = p.usage(len(request.prompt_token_ids), len(stream.tokens))
-        return JSONResponse(shapes.response(text, reason, use))
-
-    def _stop(self, stream: RequestStream, text: str, stops: list[str]) -> tuple[str, str | None]:
-        """(text to keep, the OpenAI finish reason or None while the request goes on)."""
-        for s in stops:
-            i = text.find(s) if s else -1
-            if i >= 0:
-                if not stream.finished:
-                    self.loop.abort(stream.request_id)
-                return text[:i], "stop"
-        if not stream.finished:
-            return text, None
-        if stream.finish_reason in _OPENAI_REASON:
-            return text, _OPENAI_REASON[stream.finish_reason]
-        return text, "error" if stream.finish_reason is FinishReason.FAILED else "cancelled"
-
-    async def _sse(self, stream: RequestStream, shapes: p.Shapes, stops: list[str], include_usage: bool):
-        # one write per step's tokens: the role rides on the first chunk, the end (finish reason and
-        # usage, the usage chunk, [DONE]) goes in one write; each write is a syscall
-        texts = TextStream(self.tokenizer)
-        hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string
-        sent, text, reason, first = 0, "", None, True
-        try:
-            while reason is None:
-                await stream.next()
-                text, reason = self._stop(stream, texts.full(stream), stops)
-                upto = len(text) if reason is not None else max(sent, len(text) - hold)
-                if reason is None and upto > sent:
-                    yield p.sse(shapes.chunk(text[sent:upto], first=first))
-                    sent, first = upto, False
-            if reason in ("error", "cancelled"):
-                msg = f"the engine failed this request: {stream.error}" if reason == "error" else "cancelled"
-                yield p.sse(p.error_body(msg, "server_error")) + p.DONE
-                return
-            use = p.usage(len(stream.request.prompt_token_ids), len(stream.tokens))
-            end = p.sse(shapes.chunk(text[sent:], reason, first=first, use=use))
-            if include_usage:
-                end += p.sse(shapes.usage_chunk(use))
-            yield end + p.DONE
-        finally:
-            if not stream.finished:
-                self.loop.abort(stream.request_id)
+        use = p.usage(len(request.prompt_token_ids), stream.num_output_tokens)
+        return JSONResponse(shapes.response(final_texts(stream, self.tokenizer), use))
 
     async def models(self, http: HTTPRequest) -> Response:
         card = {"id": self.serve.model, "object": "model", "created": 0, "owned_by": "metroline"}
