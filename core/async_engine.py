@@ -75,6 +75,7 @@ class AsyncEngine:
         engine.plugins.add(Backpressure.name, self.backpressure)
         self._inline = hasattr(engine.executor, "deferred")
         self._pending: list[RequestStream] = []
+        self._firsts = 0
         self._aborts: list[str] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -182,16 +183,19 @@ class AsyncEngine:
         self.backpressure.resume(stream.request_id, self.stall_timeout)
         stream._event.set()
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list[RequestOutput]) -> list[RequestStream]:
+        """Hand the step's tokens to their streams, end those that ended, pause those whose reader
+        is too far behind; returns the streams to wake, those that got their first token first."""
         streams = self.streams
+        firsts: dict[str, RequestStream] = {}
         touched: dict[str, RequestStream] = {}
         for out in outputs:
             stream = streams.get(out.request_id)
             if stream is None:
                 continue
-            touched[out.request_id] = stream
             seq = out.seq
             choice = stream.choices[seq.index]
+            (firsts if not choice.tokens and seq.index == 0 else touched)[out.request_id] = stream
             if out.new_token_ids:
                 choice.tokens.extend(out.new_token_ids)
                 choice.text = seq.text
@@ -204,14 +208,28 @@ class AsyncEngine:
             else:
                 stream._live.add(seq.index)
         limit, bp = self.buffer_tokens, self.backpressure
-        for stream in touched.values():
+        wake = []
+        for stream in (*firsts.values(), *(s for rid, s in touched.items() if rid not in firsts)):
             if not stream._live:
                 self._end(stream, _request_end(stream.choices), stream.error)
             else:
                 if stream.unread >= limit and stream.request_id not in bp.paused:
                     bp.pause(stream.request_id, self.engine.executor.now(), self.stall_timeout)
                     self.pauses += 1
-                stream._event.set()
+                wake.append(stream)
+        self._firsts = len(firsts)
+        return wake
+
+    async def _wake_readers(self, wake: list[RequestStream]) -> None:
+        """Wake the handlers of `wake`. Those with a first token run (and write it) before the loop
+        goes on to the next step; the others write while that step computes."""
+        firsts = self._firsts
+        for stream in wake[:firsts]:
+            stream._event.set()
+        if firsts:
+            await asyncio.sleep(0)
+        for stream in wake[firsts:]:
+            stream._event.set()
 
     def _fail_all(self, exc: BaseException) -> None:
         """A step raised (a plugin's bad answer): its requests cannot go on; the server does."""
@@ -252,7 +270,7 @@ class AsyncEngine:
                 self._fail_all(exc)
                 continue
             self.steps += 1
-            self._dispatch(outputs)
+            await self._wake_readers(self._dispatch(outputs))
             if self.after_step is not None:
                 self.after_step(engine, outputs)
             if engine.last_plan_empty and not self._pending and not self._aborts:

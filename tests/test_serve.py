@@ -413,8 +413,14 @@ def test_stop_strings_on_stand_in_text_cut_the_text_and_end_the_request():
                 break
             asyncio.run(asyncio.sleep(0.01))
         all_free_or_evictable(srv.engine)
+        m = metrics(srv.url)
     assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == (expected, "stop")
     assert (status, text, reason) == (200, expected, "stop")
+    # the engine ended both on the stop string: finished as "stop", not cancelled by the server
+    finished = {k[1]: v for k, v in m.items() if k[0] == "metroline_requests_finished_total"}
+    assert finished == {(("reason", "stop"), ("tenant", "default")): 2}
+    # the stop string " t3 " is complete once the 5th token's leading space follows the 4th
+    assert m[("metroline_tokens_served_total", (("tenant", "default"),))] == 2 * 5
 
 
 async def _stream_all(url: str, body: dict) -> tuple[int, str, str | None]:

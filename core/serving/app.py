@@ -49,6 +49,9 @@ class Server:
         self.tenants = Tenants(serve)
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(engine.executor)
         self._checks = engine.plugins.has_impls("check_request")
+        self.timings: dict[str, list[float]] | None = None
+        """When a dict (a bench sets it): request id -> [handler started, first SSE bytes written],
+        on the engine clock, for the overhead's breakdown."""
         self.metrics = ServerMetrics(engine.config.max_num_seqs, engine.config.max_num_batched_tokens)
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
@@ -138,14 +141,18 @@ class Server:
         return await self._complete(http, chat=False)
 
     async def _complete(self, http: HTTPRequest, chat: bool) -> Response:
+        started = self.engine.executor.now()
         try:
             body, request, stream = await self._admit(http, chat)
         except _Refusal as refusal:
             return refusal.response
         shapes = p.Shapes(request.request_id, self.serve.model, chat)
         if body.stream:
+            marks = None
+            if self.timings is not None:
+                marks = self.timings[request.request_id] = [started]
             return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
-                               self.loop.abort)
+                               self.loop.abort, marks, self.engine.executor.now)
         try:
             await stream.result()
         finally:

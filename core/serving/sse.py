@@ -72,12 +72,15 @@ class EventStream:
     response). `on_abort(request_id)` cancels the request when the client goes away."""
 
     def __init__(self, stream: RequestStream, shapes: p.Shapes, tokenizer: Any, hold: int,
-                 include_usage: bool, on_abort: Any) -> None:
+                 include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None) -> None:
         self.stream = stream
         self.shapes = shapes
         self.texts = [ChoiceText(c, tokenizer, hold) for c in stream.choices]
         self.include_usage = include_usage
         self.on_abort = on_abort
+        self.marks = marks
+        """When a list: the time of the first write of text is appended to it (`clock()`)."""
+        self.clock = clock
         self.gone = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -89,6 +92,8 @@ class EventStream:
                 await stream.wait()
                 frames = self._frames()
                 if frames:
+                    if self.marks is not None and len(self.marks) == 1:
+                        self.marks.append(self.clock())
                     await send({"type": "http.response.body", "body": frames, "more_body": True})
                 if stream.finished:
                     break
