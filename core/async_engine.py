@@ -247,8 +247,8 @@ class AsyncEngine:
         outputs = engine.step()
         executor = engine.executor
         if not engine.last_plan_empty:
-            left = executor.ready_at - executor.now()
-            if left > 0:
+            # the loop's timers are coarse (uvloop: 1 ms): never hand tokens out before their time
+            while (left := executor.ready_at - executor.now()) > 0:
                 await asyncio.sleep(left)
         return outputs
 

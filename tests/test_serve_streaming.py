@@ -160,3 +160,12 @@ def test_a_client_paused_past_the_stall_timeout_is_cancelled_and_its_blocks_free
             sock.close()
     assert m[("metroline_requests_finished_total", (("reason", "cancelled"), ("tenant", "default")))] == 1
     assert not loop.backpressure.paused
+
+
+def test_the_pre_encoded_text_frames_equal_the_general_encoding():
+    from metroline.core.serving import protocol as p
+
+    for chat in (True, False):
+        shapes = p.Shapes("abc123", "m\u00e9tro \"sim\"", chat)
+        for index, text, first in ((0, " 17", True), (2, 'quote " back\\slash \u00e9\n', False), (1, "", False)):
+            assert shapes.delta(index, text, first).encode() == p.sse(shapes.chunk(text, first=first, index=index))
