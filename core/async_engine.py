@@ -130,7 +130,7 @@ class AsyncEngine:
                         f"cold start: at most {cap} requests in flight during the first {self.ramp_s} s",
                         retry_after=1.0, reason="ramp",
                     )
-        stream = RequestStream(request, self)
+        stream = RequestStream(request, self._caught_up)
         self.streams[request.request_id] = stream
         self._pending.append(stream)
         self._poke()

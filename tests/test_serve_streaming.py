@@ -159,7 +159,8 @@ def test_a_client_paused_past_the_stall_timeout_is_cancelled_and_its_blocks_free
         finally:
             sock.close()
     assert m[("metroline_requests_finished_total", (("reason", "cancelled"), ("tenant", "default")))] == 1
-    assert not loop.backpressure.paused
+    assert m[("metroline_stream_pauses_total", ())] == loop.pauses == 1
+    assert m[("metroline_paused_requests", ())] == 0 and not loop.backpressure.paused
 
 
 def test_the_pre_encoded_text_frames_equal_the_general_encoding():

@@ -55,8 +55,12 @@ class Server:
         self.metrics = ServerMetrics(engine.config.max_num_seqs, engine.config.max_num_batched_tokens)
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
-            stall_timeout=serve.stall_timeout, after_step=self.metrics.after_step,
+            stall_timeout=serve.stall_timeout, after_step=self._after_step,
         )
+
+    def _after_step(self, engine: Engine, outputs: list[Any]) -> None:
+        self.metrics.after_step(engine, outputs)
+        self.metrics.backpressure(len(self.loop.backpressure.paused), self.loop.pauses)
 
     # --- building a request ----------------------------------------------------------------------
 

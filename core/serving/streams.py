@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
 
 from ..request import Request
 from ..sequence import FinishReason
@@ -39,11 +39,12 @@ class RequestStream:
 
     `choices` has one `Choice` per sample (`sampling.n`); `unread` counts the tokens produced since
     the handler last called `wait()`; `finish_reason` and `error` are set when the whole request
-    has ended (every sample, or the request failed or was cancelled)."""
+    has ended (every sample, or the request failed or was cancelled). `on_read(stream)` is told
+    each time the handler has taken everything (backpressure resumes a paused request there)."""
 
-    __slots__ = ("request", "choices", "unread", "finish_reason", "error", "_live", "_event", "_owner")
+    __slots__ = ("request", "choices", "unread", "finish_reason", "error", "_live", "_event", "_on_read")
 
-    def __init__(self, request: Request, owner: Any = None) -> None:
+    def __init__(self, request: Request, on_read: Callable[[RequestStream], None] | None = None) -> None:
         self.request = request
         self.choices = [Choice(i) for i in range(request.sampling.n)]
         self.unread = 0
@@ -51,7 +52,7 @@ class RequestStream:
         self.error: str | None = None
         self._live = {0}  # samples not ended (the others appear at the first token)
         self._event = asyncio.Event()
-        self._owner = owner
+        self._on_read = on_read
 
     @property
     def request_id(self) -> str:
@@ -76,8 +77,8 @@ class RequestStream:
             self._event.clear()
             await self._event.wait()
         self.unread = 0
-        if self._owner is not None:
-            self._owner._caught_up(self)
+        if self._on_read is not None:
+            self._on_read(self)
 
     async def result(self) -> list[int]:
         """Wait for the end; the first sample's output tokens."""
