@@ -64,24 +64,25 @@ class Backpressure:
     def _update(self, timeout: float) -> None:
         self.deadline = min(self.paused.values()) + timeout if self.paused else None
 
+    def _holding(self, ctx: Any) -> dict[str, float] | None:
+        """The pause set when a request is paused (asking to be woken up at the first deadline),
+        else None."""
+        if not self.paused:
+            return None
+        if self.deadline is not None:
+            ctx.wake_at(self.deadline)
+        return self.paused
+
     @hookimpl(wrapper=True)
     def order_running(self, ctx: Any, running: list[Sequence]) -> Iterable[Sequence] | None:
         order = yield
-        paused = self.paused
-        if not paused or order is None:
-            return order
-        deadline = self.deadline
-        if deadline is not None:
-            ctx.wake_at(deadline)
-        return [s for s in order if s.request_id not in paused]
+        paused = self._holding(ctx)
+        return order if paused is None or order is None else [s for s in order if s.request_id not in paused]
 
     @hookimpl(wrapper=True)
     def admission(self, ctx: Any) -> Iterable[Sequence] | None:
         answer = yield
-        paused = self.paused
-        if not paused or answer is None:
+        paused = self._holding(ctx)
+        if paused is None or answer is None:
             return answer
-        deadline = self.deadline
-        if deadline is not None:
-            ctx.wake_at(deadline)
         return Candidates.of(answer).filter(lambda s: s.request_id not in paused)
