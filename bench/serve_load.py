@@ -28,6 +28,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import random
+import resource
 import time
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta", "gamma": "key-gamma"}
@@ -184,6 +185,7 @@ def main() -> None:
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
     with ServerThread(engine, serve) as srv:
         srv.server_state.timings = marks = {}
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         parent, child = mp.get_context("spawn").Pipe()
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
@@ -194,6 +196,7 @@ def main() -> None:
         proc.join(30)
         steps, busy = executor.stats.total_steps, executor.stats.busy_time
         server_cpu = time.process_time()
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
     results = doc["results"]
     ok = [r for r in results if r["status"] == 200 and r["times"]]
     ttft = [r["times"][0] - r["start"] for r in ok]
@@ -221,7 +224,8 @@ def main() -> None:
           f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
-          f"{server_cpu:.1f}, client process {doc['cpu']:.1f}")
+          f"{server_cpu:.1f}, client process {doc['cpu']:.1f}; server waits (voluntary context switches) "
+          f"{switches}")
     for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), *legs.items(), ("client ITL", itl)):
         print(f"{name:<20} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
               f"p99 {1e3 * pct(vals, 99):7.2f}  max {1e3 * max(vals, default=float('nan')):7.2f}")
