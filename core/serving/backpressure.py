@@ -6,7 +6,9 @@ and `admission` passes it over if it is queued (preempted meanwhile, it is not b
 nothing). Nothing it will need again is freed, so resuming costs no recomputation: the next step
 decodes it where it stopped. Its blocks stay taken while it is paused; when memory runs short the
 policy's `select_victim` may still preempt it like any running request (its tokens are kept), and
-its own cancellation after `stall_timeout` frees them for good.
+its own cancellation after `stall_timeout` frees them for good. It also keeps its slot
+(`max_num_seqs`): a server that expects many slow readers lowers `stall_timeout` (or raises
+`buffer_tokens`) so that paused requests do not crowd out new ones for long.
 
 While something is paused the plugin asks to be woken up (`ctx.wake_at`) at the earliest pause
 deadline, so a step that schedules nothing because every runnable request is paused is the
