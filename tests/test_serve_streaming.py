@@ -85,6 +85,15 @@ def test_n_choices_stream_interleaved_with_their_index_and_usage_counts_them_all
     assert all_ended
 
 
+def test_more_choices_than_max_num_seqs_answer_400_naming_n():
+    with sim_server(step_time=0.001, max_num_seqs=4) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 5})
+        ok = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 4})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "n")
+    assert "n (5) exceeds max_num_seqs=4" in r.json()["error"]["message"]
+    assert ok.status_code == 200 and [c["index"] for c in ok.json()["choices"]] == [0, 1, 2, 3]
+
+
 def _open_stream(port: int, body: dict) -> socket.socket:
     """POST a streamed completion on a socket with a small receive buffer, and read nothing."""
     s = socket.socket()

@@ -114,10 +114,12 @@ class Server:
         except ValidationError as exc:
             msg = p.describe(exc)
             param = "messages" if chat else "prompt"
-            if "max_new_tokens" in msg and "max_model_len" not in msg:
+            if "sampling.n " in msg:
+                param = "n"
+            elif "max_new_tokens" in msg and "max_model_len" not in msg:
                 param = "max_tokens"
-            raise self._refuse(tenant, "invalid", 400, msg.replace("sampling.max_new_tokens", "max_tokens"),
-                               "invalid_request_error", param)
+            msg = msg.replace("sampling.max_new_tokens", "max_tokens").replace("sampling.n ", "n ")
+            raise self._refuse(tenant, "invalid", 400, msg, "invalid_request_error", param)
         if self._checks:
             # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
             # rather than a failure once queued (Engine.add_request asks the same question)
