@@ -15,7 +15,9 @@ each hand-off (one monotonic clock for both processes):
                          as arrived (the engine's TTFT starts here: the wait for the step in
                          flight to end before the request joins the engine counts in the engine's
                          TTFT, not in the overhead)
-    token -> written     the step's end to the first SSE bytes handed to the socket
+    token -> written     the step's modeled end to the first SSE bytes handed to the socket: the
+                         event loop waking at that end (its timers are about 1 ms coarse, and a
+                         loaded machine wakes it later), handing the tokens out, the handler
     written -> client    loopback and the client process reading and parsing them
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import random
 import resource
 import time
@@ -183,6 +186,7 @@ def main() -> None:
     engine = make_engine(EngineConfig(), executor, plugins=[recorder])
     serve = ServeConfig(max_waiting=args.max_waiting,
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
+    load_before = os.getloadavg()[0]
     with ServerThread(engine, serve) as srv:
         srv.server_state.timings = marks = {}
         switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
@@ -225,7 +229,7 @@ def main() -> None:
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
           f"{server_cpu:.1f}, client process {doc['cpu']:.1f}; server waits (voluntary context switches) "
-          f"{switches}")
+          f"{switches}; load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), *legs.items(), ("client ITL", itl)):
         print(f"{name:<20} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
               f"p99 {1e3 * pct(vals, 99):7.2f}  max {1e3 * max(vals, default=float('nan')):7.2f}")
