@@ -19,6 +19,8 @@ each hand-off (one monotonic clock for both processes):
                          event loop waking at that end (its timers are about 1 ms coarse, and a
                          loaded machine wakes it later), handing the tokens out, the handler
     written -> client    loopback and the client process reading and parsing them
+    inside the app       handler -> engine plus token -> written: the part spent in the app's own
+                         code and event loop, without the kernel, uvicorn's accept and the client
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
 """
@@ -208,7 +210,7 @@ def main() -> None:
     t0 = executor._t0  # engine time t is monotonic time t0 + t
     legs: dict[str, list[float]] = {k: [] for k in (
         "server overhead", "  client -> handler", "  handler -> engine", "  token -> written",
-        "  written -> client")}
+        "  written -> client", "  inside the app")}
     engine_ttft = []
     for r in ok:
         rid = r["id"].partition("-")[2]
@@ -222,6 +224,7 @@ def main() -> None:
         legs["  handler -> engine"].append(arrival - started)
         legs["  token -> written"].append(written - (arrival + first))
         legs["  written -> client"].append(r["times"][0] - (t0 + written))
+        legs["  inside the app"].append(arrival - started + written - (arrival + first))
     overhead = legs["server overhead"]
     print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({args.rate:g}/s asked), "
           f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
