@@ -125,9 +125,14 @@ class EngineConfig(BaseModel):
     def max_kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
-    def options_for(self, plugin_name: str) -> dict[str, Any]:
-        """The options given to one plugin (an empty dict when none were)."""
-        return self.plugin_options.get(plugin_name, {})
+    def options_for(self, *names: str) -> dict[str, Any]:
+        """The options given to a plugin under the first of its `names` (its name, then its spec)
+        that has any in `plugin_options`; an empty dict when none has."""
+        for name in names:
+            options = self.plugin_options.get(name)
+            if options:
+                return options
+        return {}
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

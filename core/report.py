@@ -1,32 +1,20 @@
-"""Reports of a run: terminal tables, a progress bar, and the CSV and JSON files.
+"""The terminal report of a run: the summary table of one result document and the comparison
+table of several, drawn by rich.
 
-Everything here reads the result document of `metroline.core.metrics.result_document` (or the
-collector's records and step tuples) after the run; only `ProgressBar.update` runs per step.
+`print_summary_table` and `print_comparison_table` write to a stream (stdout by default): with
+colour on a terminal, plain text in a pipe. `format_summary_table` and `format_comparison_table`
+return the plain text. rich is imported when a table is drawn, not before. The tables read the
+result document of `metroline.core.result_document.result_document`, after the run.
 """
 
 from __future__ import annotations
 
-import csv
-import json
+import io
 import sys
-import time
-from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
-from .metrics import LATENCY_FIELDS, RequestRecord, StepRow
-
-REQUESTS_CSV_FIELDS = (
-    "id", "tenant", "priority", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
-    "prompt_tokens", "cached_prompt_tokens", "output_tokens", "preemptions", "finish_reason",
-)
-"""Columns of `write_requests_csv`, named as the `RequestRecord` fields they hold."""
-
-STEPS_CSV_FIELDS = (
-    "step", "time_s", "running", "waiting", "swapped", "prefill_tokens", "decode_tokens",
-    "free_blocks", "cached_blocks", "preemptions", "duration_s",
-)
-"""Columns of `write_steps_csv`, named as the `StepRow` fields they hold (`prefill_tokens`,
-`decode_tokens` and `duration_s` make it a step log the `calibrated` cost model can fit)."""
+from .progress import is_terminal
+from .summaries import LATENCY_FIELDS
 
 LATENCY_ROWS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"), ("queue", "queue_s"))
 
@@ -88,54 +76,126 @@ def _title(doc: dict) -> str:
     )
 
 
-def format_summary_table(doc: dict) -> str:
-    """A fixed-width terminal report of one result document.
+# ----------------------------------------------------------------------------------------------
+# Drawing (rich)
 
-    A title line (policy, workload, executor), the headline figures, a latency table in
-    milliseconds (TTFT, TPOT, ITL, E2E, queue by mean, p50, p90, p95, p99, max) and, when the run
-    had more than one tenant, the fairness lines (see `format_fairness`) and one line per tenant
-    (requests, completed, tok/s, TTFT p50 and p99).
-    """
+
+def _table(
+    *columns: str, header: bool = True, min_width: int = 0, labels: tuple[int, ...] = (0,), gap: int = 1
+) -> Any:
+    """A borderless rich table: the columns of `labels` left-aligned, the others (figures)
+    right-aligned and at least `min_width` wide; `gap` spaces each side of a cell."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD if header else None, show_header=header, show_edge=False, pad_edge=False,
+                  header_style="bold", padding=(0, gap))
+    for i, name in enumerate(columns):
+        label = i in labels
+        table.add_column(name, justify="left" if label else "right", no_wrap=True,
+                         min_width=None if label else min_width, style="bold" if label and header else None)
+    return table
+
+
+def _indented(renderable: Any) -> Any:
+    from rich.padding import Padding
+
+    return Padding(renderable, (0, 0, 0, 2), expand=False)
+
+
+def _draw(parts: list[Any], file: TextIO) -> None:
+    """Draw `parts` (rich renderables, or strings as plain text) on `file`; colour only when
+    `file` is a terminal."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=file, highlight=False, markup=False, emoji=False, width=_WIDTH, soft_wrap=False)
+    for part in parts:
+        console.print(Text(part) if isinstance(part, str) else part)
+
+
+def _print(parts: list[Any], file: TextIO | None = None) -> None:
+    """`parts` on `file` (default stdout): drawn in colour on a terminal, else the plain text."""
+    file = sys.stdout if file is None else file
+    if is_terminal(file):
+        _draw(parts, file)
+    else:
+        file.write(_plain(parts))
+        file.flush()
+
+
+_WIDTH = 1000
+"""Lines are never wrapped by rich (a wide comparison stays one row per figure)."""
+
+
+def _plain(parts: list[Any]) -> str:
+    """`parts` drawn as plain text: no colour, no trailing spaces."""
+    buffer = io.StringIO()
+    _draw(parts, buffer)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# The summary of one run
+
+
+def _summary_parts(doc: dict) -> list[Any]:
+    from rich.text import Text
+
     s = doc["summary"]
     title = _title(doc)
-    lines = [title, "=" * len(title)]
+    parts: list[Any] = [Text(title, style="bold"), "=" * len(title)]
 
-    cells = [f"{label:<20}{fmt(s.get(key)):>12}" for label, key, fmt in HEADLINE]
+    # two figures a line: a label 20 wide, its value right-aligned in 12, 4 spaces between the pairs
+    headline = _table("", "", "", "", "", header=False, labels=(0, 2, 3), gap=0)
+    for column, width in zip(headline.columns, (20, 12, 4, 20, 12)):
+        column.min_width = width
+    cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE]
     for i in range(0, len(cells), 2):
-        lines.append("  " + "    ".join(cells[i:i + 2]))
+        (a, x), *rest = cells[i:i + 2]
+        headline.add_row(a, x, "", *(rest[0] if rest else ("", "")))
+    parts += [_indented(headline), ""]
 
-    lines.append("")
-    lines.append("  " + f"{'latency (ms)':<14}" + "".join(f"{f:>11}" for f in LATENCY_FIELDS))
+    latency = _table("latency (ms)", *LATENCY_FIELDS, min_width=9)
     for label, key in LATENCY_ROWS:
         dist = s.get(key) or {}
-        lines.append("  " + f"{label:<14}" + "".join(f"{_ms(dist.get(f)):>11}" for f in LATENCY_FIELDS))
+        latency.add_row(label, *(_ms(dist.get(f)) for f in LATENCY_FIELDS))
+    parts.append(_indented(latency))
 
     tenants = doc.get("tenants") or {}
     fairness = doc.get("fairness") or {}
     if len(tenants) > 1 and fairness.get("windows"):
-        lines.append("")
-        lines.extend("  " + line for line in format_fairness(fairness))
+        parts += ["", *("  " + line for line in format_fairness(fairness))]
     for label, groups in (("tenant", tenants), ("priority", doc.get("priorities") or {})):
         if len(groups) > 1:
-            lines.append("")
-            lines.extend(_group_table(label, groups))
-    return "\n".join(lines) + "\n"
+            parts += ["", _indented(_group_table(label, groups))]
+    return parts
 
 
-def _group_table(label: str, groups: dict[str, dict]) -> list[str]:
-    """A line per group (tenant or priority class): requests, throughput and TTFT."""
-    width = max(14, max(len(g) for g in groups) + 2)
-    lines = [
-        "  " + f"{label:<{width}}{'requests':>10}{'completed':>11}{'tok/s':>12}"
-        f"{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}"
-    ]
+def _group_table(label: str, groups: dict[str, dict]) -> Any:
+    """A row per group (tenant or priority class): requests, throughput and TTFT."""
+    table = _table(label, "requests", "completed", "tok/s", "TTFT p50 ms", "TTFT p99 ms")
     for name, g in groups.items():
         ttft = g.get("ttft_s") or {}
-        lines.append(
-            "  " + f"{name:<{width}}{_int(g.get('requests')):>10}{_int(g.get('completed')):>11}"
-            f"{_float(g.get('output_throughput_tok_s')):>12}{_ms(ttft.get('p50')):>13}{_ms(ttft.get('p99')):>13}"
-        )
-    return lines
+        table.add_row(name, _int(g.get("requests")), _int(g.get("completed")),
+                      _float(g.get("output_throughput_tok_s")), _ms(ttft.get("p50")), _ms(ttft.get("p99")))
+    return table
+
+
+def format_summary_table(doc: dict) -> str:
+    """The terminal report of one result document, as plain text.
+
+    A title line (policy, workload, executor), the headline figures, a latency table in
+    milliseconds (TTFT, TPOT, ITL, E2E, queue by mean, p50, p90, p95, p99, max) and, when the run
+    had more than one tenant, the fairness lines (see `format_fairness`) and one row per tenant
+    (requests, completed, tok/s, TTFT p50 and p99); the same per priority class.
+    """
+    return _plain(_summary_parts(doc))
+
+
+def print_summary_table(doc: dict, file: TextIO | None = None) -> None:
+    """`format_summary_table` printed to `file` (default stdout), with colour on a terminal."""
+    _print(_summary_parts(doc), file)
 
 
 def _seconds(v: Any) -> str:
@@ -173,14 +233,7 @@ FAIRNESS_ROWS = (
 COMPARISON_FIELDS = ("mean", "p50", "p99", "max")
 
 
-def format_comparison_table(docs: list[dict]) -> str:
-    """The figures of `format_summary_table`, one column per run (headed by its policy name),
-    with the fairness rows (`FAIRNESS_ROWS`) when the documents have them.
-
-    Runs with the same policy name get `#2`, `#3`... appended to their header. Latency rows are
-    in milliseconds, at `COMPARISON_FIELDS` (the JSON has every percentile); with several tenants or
-    priority classes, each one's TTFT p99 gets a row.
-    """
+def _comparison_table(docs: list[dict]) -> Any:
     headers: list[str] = []
     seen: dict[str, int] = {}
     for doc in docs:
@@ -211,192 +264,23 @@ def format_comparison_table(docs: list[dict]) -> str:
         for label, key, fmt in FAIRNESS_ROWS:
             rows.append((label, [fmt((d.get("fairness") or {}).get(key)) for d in docs]))
 
-    label_w = max(len(label) for label, _ in rows) + 2
-    col_w = [max(12, len(h) + 2, *(len(vals[i]) + 2 for _, vals in rows)) for i, h in enumerate(headers)]
-    lines = [f"{'':<{label_w}}" + "".join(f"{h:>{w}}" for h, w in zip(headers, col_w))]
-    lines.append("-" * len(lines[0]))
-    for label, vals in rows:
-        lines.append(f"{label:<{label_w}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, col_w)))
-    return "\n".join(lines) + "\n"
+    table = _table("", *headers, min_width=10)
+    for label, values in rows:
+        table.add_row(label, *values)
+    return table
 
 
-# ----------------------------------------------------------------------------------------------
-# Progress bar
+def format_comparison_table(docs: list[dict]) -> str:
+    """The figures of `format_summary_table`, one column per run (headed by its policy name),
+    with the fairness rows (`FAIRNESS_ROWS`) when the documents have them, as plain text.
 
-
-class _InPlaceLine:
-    """A line redrawn in place on `self.stream` by the subclass's `_draw(now)`, when `self.enabled`."""
-
-    enabled: bool
-    stream: TextIO
-
-    def _draw(self, now: float) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Draw the final state and end the line (nothing when disabled)."""
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def __enter__(self) -> _InPlaceLine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ProgressBar(_InPlaceLine):
-    """A one-line progress bar (`done/total`, percent, elapsed, ETA) redrawn in place on `stream`.
-
-    `stream` defaults to `sys.stderr` (looked up when the bar is made); `label` (a policy's name)
-    starts the line.
-
-    `update(done)` is cheap enough to call every step: it reads the clock only every `stride`
-    calls (at most `MAX_STRIDE`), adapting `stride` so that the clock is read about 20 times a
-    second, and redraws at most 10 times a second. Enabled by default only when `stream` is a
-    terminal.
+    Runs with the same policy name get `#2`, `#3`... appended to their header. Latency rows are
+    in milliseconds, at `COMPARISON_FIELDS` (the JSON has every percentile); with several tenants or
+    priority classes, each one's TTFT p99 gets a row.
     """
-
-    MIN_INTERVAL_S = 0.1
-    # Bounds how late a redraw can be when steps suddenly get slower (MAX_STRIDE slow steps).
-    MAX_STRIDE = 64
-    WIDTH = 30
-
-    def __init__(
-        self, total: int, stream: TextIO | None = None, enabled: bool | None = None, label: str = ""
-    ) -> None:
-        self.total = total
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
-        self.label = f"{label} " if label else ""
-        self.done = 0
-        self._stride = 1
-        self._countdown = 1
-        self._start = time.monotonic()
-        self._last_check = self._start
-        self._last_draw = float("-inf")
-
-    def update(self, done: int) -> None:
-        """Report that `done` of `total` units are finished; redraws when enough time has passed."""
-        self.done = done
-        self._countdown -= 1
-        if self._countdown > 0 or not self.enabled:
-            return
-        now = time.monotonic()
-        elapsed = now - self._last_check
-        self._last_check = now
-        if elapsed < 0.025:
-            self._stride = min(self._stride * 2, self.MAX_STRIDE)
-        elif elapsed > 0.1:
-            self._stride = max(1, int(self._stride * 0.05 / elapsed))
-        self._countdown = self._stride
-        if now - self._last_draw >= self.MIN_INTERVAL_S:
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        self._last_draw = now
-        total, done = self.total, self.done
-        frac = min(1.0, done / total) if total > 0 else 1.0
-        filled = int(frac * self.WIDTH)
-        elapsed = now - self._start
-        eta = f"{elapsed * (1 - frac) / frac:.0f}s" if 0 < frac < 1 else "-"
-        self.stream.write(
-            f"\r{self.label}[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{total} {frac * 100:5.1f}%"
-            f"  {elapsed:.1f}s  eta {eta} "
-        )
-        self.stream.flush()
+    return _plain([_comparison_table(docs)])
 
 
-
-def _is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty and isatty())
-    except (ValueError, OSError):
-        return False
-
-
-class ProgressBoard(_InPlaceLine):
-    """One line on `stream` (default `sys.stderr`) for several runs going on at once: each run's
-    label and share done (`fcfs 41% | srpt 38% | ...`), and the time elapsed.
-
-    `update(index, done)` with the requests done by run `index`, or `done=None` once it has
-    finished; redraws at most 10 times a second. Enabled by default only on a terminal.
-    """
-
-    MIN_INTERVAL_S = 0.1
-
-    def __init__(
-        self, labels: list[str], total: int, stream: TextIO | None = None, enabled: bool | None = None
-    ) -> None:
-        self.labels = list(labels)
-        self.total = total
-        self.stream = sys.stderr if stream is None else stream
-        self.enabled = _is_terminal(self.stream) if enabled is None else enabled
-        self.done: list[int | None] = [0] * len(self.labels)
-        self._start = time.monotonic()
-        self._last_draw = float("-inf")
-
-    def update(self, index: int, done: int | None) -> None:
-        self.done[index] = done
-        now = time.monotonic()
-        if self.enabled and now - self._last_draw >= self.MIN_INTERVAL_S:
-            self._draw(now)
-
-    def line(self, now: float) -> str:
-        """The text of the line at time `now` (`time.monotonic()`)."""
-        cells = []
-        for label, done in zip(self.labels, self.done):
-            if done is None:
-                cells.append(f"{label} done")
-            else:
-                frac = min(1.0, done / self.total) if self.total > 0 else 1.0
-                cells.append(f"{label} {frac * 100:3.0f}%")
-        return " | ".join(cells) + f"  {now - self._start:.1f}s"
-
-    def _draw(self, now: float) -> None:
-        self._last_draw = now
-        self.stream.write("\r" + self.line(now) + " ")
-        self.stream.flush()
-
-
-# ----------------------------------------------------------------------------------------------
-# Files
-
-
-def _cell(v: Any) -> Any:
-    return "" if v is None else v
-
-
-def _open_for_write(path: str | Path):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("w", newline="", encoding="utf-8")
-
-
-def write_requests_csv(path: str | Path, records: Iterable[RequestRecord]) -> None:
-    """One row per request record, columns `REQUESTS_CSV_FIELDS`; None is an empty cell."""
-    with _open_for_write(path) as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(REQUESTS_CSV_FIELDS)
-        for r in records:
-            w.writerow([_cell(getattr(r, name)) for name in REQUESTS_CSV_FIELDS])
-
-
-def write_steps_csv(path: str | Path, steps: Iterable[tuple]) -> None:
-    """One row per step tuple of `MetricsCollector.steps`, columns `STEPS_CSV_FIELDS`."""
-    idx = [StepRow._fields.index(name) for name in STEPS_CSV_FIELDS]
-    with _open_for_write(path) as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(STEPS_CSV_FIELDS)
-        for s in steps:
-            w.writerow([_cell(s[i]) for i in idx])
-
-
-def write_json(path: str | Path, doc: dict) -> None:
-    """Write a result document as indented JSON (refusing NaN, which a document never holds)."""
-    with _open_for_write(path) as f:
-        json.dump(doc, f, indent=2, allow_nan=False)
-        f.write("\n")
+def print_comparison_table(docs: list[dict], file: TextIO | None = None) -> None:
+    """`format_comparison_table` printed to `file` (default stdout), with colour on a terminal."""
+    _print([_comparison_table(docs)], file)

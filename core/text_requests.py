@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .hookspecs import hookimpl
 from .request import SamplingParams
 from .sequence import Sequence
-from .workloads import Workload, WorkloadError
+from .workload_items import Workload, WorkloadError
 
 SAMPLING_KEYS = tuple(SamplingParams.model_fields)
 

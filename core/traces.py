@@ -16,11 +16,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .workloads import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, WorkloadItem
+from .workload_items import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, WorkloadItem
 
 MOONCAKE_BLOCK = 512
 
@@ -206,3 +207,25 @@ def load_trace(path: str | Path) -> list[WorkloadItem]:
     if suffix == ".jsonl":
         return load_mooncake(path)
     raise WorkloadError(f"{path}: unknown trace format {suffix!r} (expected .csv or .jsonl)")
+
+
+def find_traces_dir(traces_dir: str | Path | None = None) -> Path:
+    """The traces folder: `traces_dir`, else $METROLINE_TRACES, else `../shared/traces` next to
+    the repository root or the working directory."""
+    if traces_dir is not None or os.environ.get("METROLINE_TRACES"):
+        path = Path(traces_dir if traces_dir is not None else os.environ["METROLINE_TRACES"])
+        if not path.is_dir():
+            raise WorkloadError(f"traces directory {path} does not exist")
+        return path
+    candidates = [
+        Path(__file__).resolve().parents[1] / "../shared/traces",
+        Path.cwd() / "../shared/traces",
+    ]
+    for path in candidates:
+        if path.is_dir():
+            return path.resolve()
+    raise WorkloadError(
+        "no traces directory found: pass traces_dir or set METROLINE_TRACES "
+        f"(looked in {', '.join(str(p) for p in candidates)})"
+    )
+

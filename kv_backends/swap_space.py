@@ -1,8 +1,12 @@
-"""The host swap space: a free list of host blocks that preempted requests' KV is copied into."""
+"""Swapping: the host swap space (a free list of host blocks that preempted requests' KV is copied
+into) and the pool's planning of swaps out of and back into device blocks."""
 
 from __future__ import annotations
 
 from typing import Iterable
+
+from .block_ops import SWAP_IN, SWAP_OUT
+from .pool_state import PoolState
 
 
 class SwapSpace:
@@ -46,3 +50,37 @@ class SwapSpace:
             assert allocated[b], f"host block {b} freed but not allocated"
             allocated[b] = 0
             free.append(b)
+
+
+class SwapPlanning(PoolState):
+    """The swapping part of `BlockPool` (a mixin over the pool's state, `PoolState`; it allocates
+    and releases device blocks through the pool's `_allocate_block` and `release`)."""
+
+    __slots__ = ()
+
+    def swap_out(self, block_table: list[int], swap: SwapSpace, ops: list) -> list[int] | None:
+        """Plan copying the table's blocks to host blocks and release the device references.
+
+        Returns the host table, or None (nothing changed) if the swap space is too small.
+        """
+        host_table = swap.allocate(len(block_table))
+        if host_table is None:
+            return None
+        ops.extend([(SWAP_OUT, d, h) for d, h in zip(block_table, host_table)])
+        self.release(block_table)
+        return host_table
+
+    def swap_in(self, host_table: list[int], swap: SwapSpace, ops: list) -> list[int] | None:
+        """Plan copying host blocks back into fresh device blocks and free the host blocks.
+
+        Returns the device table (fresh, unindexed blocks with ref count 1), or None (nothing
+        changed) if too few device blocks are free.
+        """
+        if len(host_table) > len(self._free) + len(self._evictable):
+            return None
+        block_table = [self._allocate_block() for _ in host_table]
+        ops.extend([(SWAP_IN, h, d) for h, d in zip(host_table, block_table)])
+        swap.free(host_table)
+        if self._num_used > self.peak_used_blocks:
+            self.peak_used_blocks = self._num_used
+        return block_table

@@ -1,10 +1,18 @@
 """Shared helpers for the engine-level tests: small engines, requests, and an executor that records
-what every step plan asked for."""
+what every step plan asked for; and the `slow` marker.
+
+Slow tests (`@pytest.mark.slow`, or listed in `SLOW_TESTS` below) are skipped by a plain `pytest`
+and run with `pytest --runslow` (what `.ci/run` does) or selected with `pytest -m slow`. Without
+`--runslow` the progress fuzz (`test_progress.py`) also runs `FAST_PROGRESS_EXAMPLES` examples
+instead of 1000, unless `PROGRESS_EXAMPLES` is set."""
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import Any
+
+import pytest
 
 from metroline.core.config import EngineConfig
 from metroline.core.engine import Engine
@@ -111,3 +119,44 @@ def assert_pool_drained(engine: Engine) -> None:
     swap = engine.scheduler.swap
     if swap is not None:
         assert swap.num_free_blocks() == swap.num_blocks
+
+
+# --- the slow marker -------------------------------------------------------------------------------
+
+SLOW_TESTS = {
+    # real SmolLM2 weights: parity with Hugging Face generate (about 30 s)
+    ("test_torch_executor.py", "test_smollm2_chat_prompts_match_hf_generate"),
+    # the SmolLM2 tokenizer built from its GGUF file: a module fixture of about 25 s
+    ("test_sampling_detokenizer.py", "test_streamed_text_is_the_full_decode"),
+    ("test_sampling_detokenizer.py", "test_stop_strings_cut_where_the_full_decode_says"),
+    # long runs: a weighted-fair run through HTTP, two azure_conv demonstrations (10-13 s each)
+    ("test_serve.py", "test_weighted_fair_one_to_two_holds_through_http_in_every_window"),
+    ("test_policy_srpt.py", "test_srpt_with_oracle_lengths_halves_fcfs_mean_e2e_on_azure_conv"),
+    ("test_preemption_order.py", "test_azure_conversation_preemptions_stay_within_1_2x_of_vllm"),
+}
+"""(file name, test function) of the slow tests that their own file does not mark."""
+
+FAST_PROGRESS_EXAMPLES = 100
+"""Examples of the progress fuzz in a run without `--runslow` (1000 with it, about 35 s)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the tests marked slow (real-model parity, long runs, the full progress fuzz)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--runslow"):
+        os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("--runslow") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow or -m slow")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

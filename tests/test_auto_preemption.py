@@ -12,9 +12,9 @@ from metroline.core.errors import PluginError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.preemption import Preempt
 from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import run_workload
+from metroline.core.runner import replay, run_workload
 from metroline.core.sequence import SeqState, Sequence
-from metroline.core.workloads import SyntheticSpec, Workload, generate, segment_tokens
+from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.auto_preemption import AutoPreemption
@@ -32,7 +32,7 @@ class Decisions:
     def select_victim(self, ctx, requester, reason):
         answer = yield
         if answer is not None:
-            self.log.append((len(ctx.swapped), len(ctx.running), answer[1]))
+            self.log.append((len(ctx.swapped), len(ctx.running), answer.mode))
         return answer
 
 
@@ -52,21 +52,63 @@ def run(share: float, swap_space_blocks: int = 512) -> tuple[AutoPreemption, Dec
     return engine.plugins.get("auto_preemption"), spy, doc
 
 
-@pytest.mark.parametrize("share, swaps, recomputes", [
-    (0.0, 0, 48),  # never swap: every preemption recomputes
-    (0.25, 57, 1),
-    (0.5, 58, 0),  # a cap this workload no longer reaches (no thrashing since victims keep their place)
-    (1.0, 58, 0),
-])
-def test_swap_and_recompute_counts_follow_the_cap(share, swaps, recomputes):
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
+def test_each_decision_follows_the_cap_on_a_synthetic_workload(share):
     auto, spy, doc = run(share)
+    assert spy.log  # the pool is small enough that requests are preempted
     # each decision: swap exactly when fewer than share x running are swapped out
     assert all((mode == "swap") == (swapped < share * running) for swapped, running, mode in spy.log)
     decided = Counter(mode for *_, mode in spy.log)
-    assert (decided["swap"], decided["recompute"]) == (swaps, recomputes)
-    # the host space is large: every swap decision ended swapped
-    assert (auto.swaps, auto.recomputes) == (swaps, recomputes)
-    assert doc["summary"]["preemptions"] == swaps + recomputes
+    if share == 0.0:
+        assert decided["swap"] == 0
+    # three accounts agree: the decisions, the plugin's counters (the host space is large: every
+    # swap decision ended swapped) and the run's preemptions
+    assert (auto.swaps, auto.recomputes) == (decided["swap"], decided["recompute"])
+    assert doc["summary"]["preemptions"] == len(spy.log)
+
+
+class Victims:
+    """An outer wrapper recording each answer of select_victim: (step, victim id, mode, swapped,
+    running)."""
+
+    name = "victims"
+
+    def __init__(self) -> None:
+        self.log: list[tuple[int, str, str, int, int]] = []
+
+    @hookimpl(wrapper=True)
+    def select_victim(self, ctx, requester, reason):
+        answer = yield
+        if answer is not None:
+            self.log.append((ctx.step, answer.seq.request_id, answer.mode, len(ctx.swapped), len(ctx.running)))
+        return answer
+
+
+# Four requests at t = 0 (ids "0".."3"), each a 16-token prompt (one block) and 64 outputs, in a
+# 10-block pool: all four are admitted at step 1 and decode in lockstep, step k computing
+# position 14 + k. At step 18 (position 32) each needs a 3rd block: "0" and "1" take the last two,
+# "2" preempts "3" (the last admitted; 0 swapped, 4 running). At step 34 (position 48) "0", "1"
+# and "2" hold 9 blocks and need a 4th: "0" takes the last, "1" preempts "2" (1 swapped if "3"
+# was swapped, else 0; 3 running). "0" and "1" end at step 64 in 10 blocks; "2" and "3" come back
+# at step 65 and fit (2 x 5 blocks). The mode of each decision: swap iff swapped < share x running.
+@pytest.mark.parametrize("share, modes", [
+    (0.0, ["recompute", "recompute"]),  # 0 < 0 and 0 < 0: never
+    (0.25, ["swap", "recompute"]),  # 0 < 1, then 1 < 0.75 fails
+    (0.5, ["swap", "swap"]),  # 0 < 2, then 1 < 1.5
+    (1.0, ["swap", "swap"]),  # 0 < 4, then 1 < 3
+])
+def test_swap_and_recompute_counts_follow_the_cap(share, modes):
+    victims = Victims()
+    cfg = EngineConfig(num_blocks=10, swap_space_blocks=64, plugins=["auto_preemption"],
+                       plugin_options={"auto_preemption": {"max_swapped_share": share}})
+    engine = Engine(cfg, plugins=[victims])
+    replay(engine, Workload("lockstep", [WorkloadItem(0.0, (((k,), 16),), 64) for k in "abcd"]))
+    swapped_first = int(modes[0] == "swap")
+    assert victims.log == [(18, "3", modes[0], 0, 4), (34, "2", modes[1], swapped_first, 3)]
+    auto = engine.plugins.get("auto_preemption")
+    assert (auto.swaps, auto.recomputes) == (modes.count("swap"), modes.count("recompute"))
+    assert engine.scheduler.total_preemptions == 2
+    assert [r.finish_reason for r in engine.metrics.requests] == ["length"] * 4
 
 
 def test_a_full_host_space_falls_back_to_recompute():

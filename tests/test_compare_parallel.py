@@ -4,11 +4,9 @@ worker's error is reported naming its policy; the progress line is labelled per 
 
 from __future__ import annotations
 
-import io
 import json
 
 from metroline import cli
-from metroline.core.report import ProgressBoard
 
 POLICIES = "fcfs,priority,srpt,weighted_fair,token_rr"
 # three tenants, two priority classes, a pool small enough to preempt, shared system prompts
@@ -57,14 +55,3 @@ def test_a_failing_worker_is_reported_with_its_policy(capsys):
 def test_jobs_below_one_is_refused(capsys):
     assert cli.main(["compare", "--policies", "fcfs", "--jobs", "0"]) == 2
     assert "--jobs: must be at least 1, got 0" in capsys.readouterr().err
-
-
-def test_progress_board_line_labels_each_run():
-    stream = io.StringIO()
-    board = ProgressBoard(["fcfs", "srpt+reserve"], total=200, stream=stream, enabled=True)
-    board.update(0, 50)
-    board.update(1, None)
-    line = board.line(board._start + 2.0)
-    assert line == "fcfs  25% | srpt+reserve done  2.0s"
-    board.close()
-    assert stream.getvalue().endswith("\n")

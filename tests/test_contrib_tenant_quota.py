@@ -81,14 +81,14 @@ def test_cap_holds_at_every_step_and_the_other_tenant_takes_the_rest(policy):
     doc, engine = run(two_tenants(), [census], policy=policy, max_num_seqs=8,
                       options={"tenant_quota": {"max_running": {"a": 2}}})
     assert doc["summary"]["completed"] == 60
-    a_counts = Counter(running["a"] for running, _ in census.rows)
-    assert max(a_counts) == 2
+    assert max(running["a"] for running, _ in census.rows) == 2  # the cap, reached and never passed
     if policy == "fcfs":
         # while b still has requests waiting, every slot a does not use is b's
         busy = [(r["a"], r["b"]) for r, w in census.rows if w["b"] > 0]
         assert busy and all(a + b == 8 for a, b in busy)
-        assert Counter(busy) == Counter({(2, 6): 88})
-        assert a_counts == Counter({2: 332, 1: 27})
+        # and while a has requests waiting, it runs exactly its cap (the cap limits, never idles a)
+        a_waits = [r["a"] for r, w in census.rows if w["a"] > 0]
+        assert a_waits and set(a_waits) == {2}
     quota = engine.plugins.get("tenant_quota")
     assert quota.running == {"a": 0, "b": 0} and not quota._slots
 
@@ -97,7 +97,7 @@ def test_without_the_quota_a_takes_more_slots():
     census = Census()
     doc, _ = run(two_tenants(), [census], plugins=(), max_num_seqs=8)
     assert doc["summary"]["completed"] == 60
-    assert max(r["a"] for r, _ in census.rows) == 7
+    assert max(r["a"] for r, _ in census.rows) > 2  # above the cap the other tests set
 
 
 def test_default_cap_applies_to_unnamed_tenants():
@@ -149,16 +149,20 @@ def worst_window_excess(events, rate):
 def test_token_rate_holds_over_every_window_up_to_one_burst():
     rate, burst = 300.0, 400
     ledger = Ledger("a")
-    doc, engine = run(two_tenants(num_requests=80, rate=40.0, seed=2), [ledger], max_num_seqs=16,
+    workload = two_tenants(num_requests=80, rate=40.0, seed=2)
+    doc, engine = run(workload, [ledger], max_num_seqs=16,
                       options={"tenant_quota": {"token_rate": {"a": rate}, "burst": burst}})
     s = doc["summary"]
     assert s["completed"] == 80 and s["preemptions"] == 0
     excess = worst_window_excess(ledger.events, rate)
     assert excess <= burst + 1e-6
     assert excess > burst - 32  # the limit binds: within one prompt of a full burst
-    total = sum(n for _, _, n in ledger.events)
+    # the ledger charged each of a's requests once, its prompt and every output token (no
+    # preemption): the workload's own account of a's requests
+    a_items = [it for it in workload.items if it.tenant == "a"]
     prompts = sum(1 for _, kind, _ in ledger.events if kind == "prompt")
-    assert prompts == 36 and total == 1888
+    assert prompts == len(a_items)
+    assert sum(n for _, _, n in ledger.events) == sum(it.prompt_len + it.output_len for it in a_items)
     # a's token rate over its whole span stays near the limit, b is not slowed
     a, b = doc["tenants"]["a"], doc["tenants"]["b"]
     assert a["queue_s"]["max"] > 1.0 and b["queue_s"]["max"] < 0.05
@@ -182,7 +186,7 @@ def test_rated_tenant_waits_for_the_bucket_to_refill():
     assert first["0"] == 0.0
     assert first["1"] == pytest.approx(0.30)
     assert first["2"] == pytest.approx(0.96)
-    assert doc["summary"]["steps"] == 6
+    assert doc["summary"]["steps"] == 3 * 2  # each request: its prompt and first token, one decode
 
 
 # --- wrapping any base answer --------------------------------------------------------------------

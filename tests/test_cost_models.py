@@ -13,7 +13,7 @@ from metroline.core.request import SamplingParams
 from metroline.core.sequence import Sequence
 from metroline.executors.cost_models import (
     COST_MODELS, GPU_PRESETS, MODEL_PRESETS, CalibratedCostModel, LinearCostModel,
-    RooflineCostModel, StepsCostModel, _attention_pairs, fit_linear, make_cost_model,
+    RooflineCostModel, StepsCostModel, attention_pairs, fit_linear, make_cost_model,
 )
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 
@@ -159,13 +159,13 @@ def test_roofline_monotonic_in_tokens():
         assert times == sorted(times) and len(set(times)) == len(times)
 
 
-def test_roofline_attention_pairs_are_causal():
-    assert _attention_pairs(make_plan(prefills=[(100, 50)])) == 50 * 100 + 50 * 51 // 2
-    assert _attention_pairs(make_plan(prefills=[(0, 4)], decodes=[9, 19])) == 10 + 10 + 20
-    assert _attention_pairs(make_plan(decodes=[9, 19])) == 30
+def test_rooflineattention_pairs_are_causal():
+    assert attention_pairs(make_plan(prefills=[(100, 50)])) == 50 * 100 + 50 * 51 // 2
+    assert attention_pairs(make_plan(prefills=[(0, 4)], decodes=[9, 19])) == 10 + 10 + 20
+    assert attention_pairs(make_plan(decodes=[9, 19])) == 30
     counters_only = StepPlan(0, 16)
     counters_only.num_prefill_tokens, counters_only.num_context_tokens = 8, 8
-    assert _attention_pairs(counters_only) == 64
+    assert attention_pairs(counters_only) == 64
 
 
 def test_roofline_gpus_models_and_block_ops():

@@ -530,3 +530,12 @@ def test_swap_space():
         swap.free([1])
     assert swap.num_free_blocks() == 1
     assert swap.allocate(1) == [1]
+
+
+def test_pool_parts_share_one_slotted_state():
+    """The pool's parts (prefix index, swap planning, checks) are mixins over one slotted state: an
+    instance has no `__dict__`, so a typo'd attribute is an error rather than a silent new field."""
+    pool = BlockPool(4, 2)
+    assert not hasattr(pool, "__dict__")
+    with pytest.raises(AttributeError):
+        pool.num_blocs = 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
+import re
 from pathlib import Path
 
 import pytest
@@ -23,14 +23,8 @@ from metroline.core.metrics import (
     summarize_by_tenant,
 )
 from metroline.core.plan import StepPlan
-from metroline.core.report import (
-    ProgressBar,
-    format_comparison_table,
-    format_summary_table,
-    write_json,
-    write_requests_csv,
-    write_steps_csv,
-)
+from metroline.core.report import format_comparison_table, format_summary_table, print_summary_table
+from metroline.core.result_files import write_json, write_requests_csv, write_steps_csv
 from metroline.core.request import SamplingParams
 from metroline.core.sequence import FinishReason, SeqState, Sequence
 
@@ -375,45 +369,17 @@ def test_comparison_table(collector):
     assert len(widths) == 1
 
 
-# ---------------------------------------------------------------------------------------------
-# progress bar
-
-
 class FakeTTY(io.StringIO):
     def isatty(self) -> bool:
         return True
 
 
-def test_progress_bar_disabled_off_tty():
-    stream = io.StringIO()
-    bar = ProgressBar(10, stream=stream)
-    assert not bar.enabled
-    for i in range(10):
-        bar.update(i + 1)
-    bar.close()
-    assert stream.getvalue() == ""
-
-
-def test_progress_bar_draws_rate_limited_on_tty():
-    stream = FakeTTY()
-    bar = ProgressBar(5000, stream=stream)
-    assert bar.enabled
-    start = time.monotonic()
-    for i in range(5000):
-        bar.update(i + 1)
-    elapsed = time.monotonic() - start
-    draws = stream.getvalue().count("\r")
-    assert 1 < bar._stride <= ProgressBar.MAX_STRIDE  # fast calls: the clock is read less often
-    assert 1 <= draws <= 2 + elapsed / ProgressBar.MIN_INTERVAL_S
-    bar.close()
-    out = stream.getvalue()
-    assert out.endswith("\n")
-    assert "5000/5000" in out.rsplit("\r", 1)[-1]
-    assert "100.0%" in out
-
-
-def test_progress_bar_zero_total():
-    stream = FakeTTY()
-    with ProgressBar(0, stream=stream) as bar:
-        bar.update(0)
-    assert "0/0" in stream.getvalue() and stream.getvalue().endswith("\n")
+def test_printed_table_is_plain_in_a_pipe_and_coloured_on_a_terminal(collector):
+    doc = document(collector)
+    pipe, tty = io.StringIO(), FakeTTY()
+    print_summary_table(doc, pipe)
+    print_summary_table(doc, tty)
+    assert pipe.getvalue() == format_summary_table(doc)  # what tests and CI read
+    assert "\x1b[" not in pipe.getvalue() and "\x1b[" in tty.getvalue()
+    without_codes = re.sub(r"\x1b\[[0-9;]*m", "", tty.getvalue())
+    assert [line.split() for line in without_codes.splitlines()] == [line.split() for line in pipe.getvalue().splitlines()]

@@ -57,19 +57,21 @@ def test_aging_orders_by_priority_plus_rate_times_arrival():
     assert run_hand_made(aging_rate=0.5) == ["d", "b", "a", "c", "e"]
 
 
-def test_effective_priority_and_key_agree_at_any_instant():
-    # the admitted order is the order of effective priorities at any instant after the arrivals
-    pol = Priority(aging_rate=0.5)
-    engine = priority_engine(aging_rate=0.5)
-    for rid, prio, t in HAND_MADE:
-        engine.add_request(request(rid, 4, priority=prio, arrival_time=t))
-    seqs = [engine.sequences(rid)[0] for rid, _, _ in HAND_MADE]
-    order = run_hand_made(aging_rate=0.5)
-    for now in (4.0, 7.5, 100.0):
-        for s in seqs:
-            assert pol.effective_priority(s, now) == pytest.approx(pol.key(s) - 0.5 * now)
-        by_eff = sorted(seqs, key=lambda s: (pol.effective_priority(s, now), s.arrival_time))
-        assert [s.request_id for s in by_eff] == order
+@pytest.mark.parametrize("start", [10.0, 20.0])
+@pytest.mark.parametrize(("b_arrival", "expected"), [(3.5, ["b", "a"]), (4.5, ["a", "b"])])
+def test_aging_makes_a_request_more_urgent_by_the_rate_per_second_waited(start, b_arrival, expected):
+    # Effective priority = priority - 0.5 x seconds waited, computed by hand at the first step
+    # (t = start), one slot: a (priority 2, arrived at 0) and b (priority 0, arrived at b_arrival).
+    # At t = 10: a 2 - 0.5 x 10 = -3; b arrived at 3.5: 0 - 0.5 x 6.5 = -3.25 < -3, b first;
+    # arrived at 4.5: 0 - 0.5 x 5.5 = -2.75 > -3, a first (b is first iff it waited more than
+    # 2 / 0.5 = 4 s less than a). At t = 20 both have aged 5 more: -8 against -8.25 or -7.75, the
+    # same order (aging never reorders two waiting requests).
+    engine = priority_engine(max_num_seqs=1, preempt_threshold=None, aging_rate=0.5)
+    engine.add_request(request("a", 4, max_new=1, priority=2, arrival_time=0.0))
+    engine.add_request(request("b", 4, max_new=1, priority=0, arrival_time=b_arrival))
+    engine.executor.idle_until(start)
+    run_to_end(engine)
+    assert admitted(engine) == expected
 
 
 def test_head_of_line_a_blocked_urgent_request_stops_less_urgent_ones():
@@ -224,8 +226,9 @@ def test_options_from_the_config():
 
 
 def two_class_run(policy: str, options: dict | None = None):
-    """The first 1000 requests of the `chat` workload (seed 0: 212 of priority 0, 788 of priority
-    1) at 1.1 x the capacity of 32 slots under the steps cost model."""
+    """The first 1000 requests of the `chat` workload (seed 0; priorities 0 and 1) at 1.1 x the
+    capacity of 32 slots under the steps cost model; returns the result document, the request
+    records and the workload."""
     base = build_workload("chat", seed=0, max_requests=1000)
     items = base.items
     mean_out = sum(it.output_len for it in items) / len(items)
@@ -234,7 +237,7 @@ def two_class_run(policy: str, options: dict | None = None):
     workload = build_workload("chat", seed=0, max_requests=1000, rate_scale=1.1 * capacity / native_rate)
     config = EngineConfig(policy=policy, max_num_seqs=32, plugin_options={policy: options or {}})
     doc, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("steps", step_time=STEP)))
-    return doc, engine.metrics.requests
+    return doc, engine.metrics.requests, workload
 
 
 def ttft(records, priority):
@@ -242,15 +245,18 @@ def ttft(records, priority):
 
 
 def test_urgent_p99_ttft_is_at_most_half_of_fcfs_at_1_1x_capacity():
-    fcfs_doc, fcfs = two_class_run("fcfs")
-    prio_doc, prio = two_class_run("priority")
-    assert fcfs_doc["summary"]["completed"] == prio_doc["summary"]["completed"] == 1000
-    assert sum(r.priority == 0 for r in prio) == 212
+    fcfs_doc, fcfs, workload = two_class_run("fcfs")
+    prio_doc, prio, _ = two_class_run("priority")
+    assert fcfs_doc["summary"]["completed"] == prio_doc["summary"]["completed"] == len(workload.items) == 1000
+    # the records keep each request's class: as many urgent ones as the workload has
+    urgent = sum(it.priority == 0 for it in workload.items)
+    assert 0 < urgent < 1000
+    assert sum(r.priority == 0 for r in prio) == sum(r.priority == 0 for r in fcfs) == urgent
     fcfs_p99, prio_p99 = ttft(fcfs, 0)["p99"], ttft(prio, 0)["p99"]
     assert fcfs_p99 > 1.0  # the queue builds up: FCFS makes urgent requests wait seconds
     assert prio_p99 <= 0.5 * fcfs_p99
     # and without preemption for waiting requests, order alone still halves it
-    _, noprempt = two_class_run("priority", {"preempt_threshold": None})
+    _, noprempt, _ = two_class_run("priority", {"preempt_threshold": None})
     assert ttft(noprempt, 0)["p99"] <= 0.5 * fcfs_p99
 
 

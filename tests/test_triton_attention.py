@@ -24,13 +24,16 @@ if not HAS_CUDA:
 
 import triton  # noqa: E402
 
-_NAME = "metroline.executors.torch.triton_attention"
-_was_loaded = _NAME in sys.modules
-ta = importlib.import_module(_NAME)
-if _was_loaded and not HAS_CUDA and isinstance(ta._decode_kernel, triton.runtime.JITFunction):
-    ta = importlib.reload(ta)  # imported before TRITON_INTERPRET was set: decorate the kernels again
+_PREFIX = "metroline.executors.torch.triton_"  # the kernel modules: triton_attention and its parts
+ta = importlib.import_module(_PREFIX + "attention")
+if not HAS_CUDA and not sys.modules[_PREFIX + "common"].interpreted():
+    # imported before TRITON_INTERPRET was set: import every kernel module again to decorate anew
+    for _name in [n for n in sys.modules if n.startswith(_PREFIX)]:
+        del sys.modules[_name]
+    ta = importlib.import_module(_PREFIX + "attention")
+tc = sys.modules[_PREFIX + "common"]
 
-INTERPRETED = ta._interpreted()
+INTERPRETED = tc.interpreted()
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="CPU tensors need TRITON_INTERPRET=1")),
     pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
@@ -216,21 +219,22 @@ def test_interpreter_runs_the_kernels(monkeypatch):
             launches.append(self.name)
             return self.kernel[grid]
 
-    for name in ("_decode_kernel", "_prefill_kernel", "_decode_merge_kernel"):
-        monkeypatch.setattr(ta, name, Counting(name, getattr(ta, name)))
+    td, tp = sys.modules[_PREFIX + "decode"], sys.modules[_PREFIX + "prefill"]
+    for module, name in ((td, "decode_kernel"), (tp, "prefill_kernel"), (td, "decode_merge_kernel")):
+        monkeypatch.setattr(module, name, Counting(name, getattr(module, name)))
     check(decode_seqs([5, 9]))
-    assert launches == ["_decode_kernel"]
+    assert launches == ["decode_kernel"]
     launches.clear()
     check([(5, 1), (9, 4)], num_splits=2)
-    assert launches == ["_decode_kernel", "_decode_merge_kernel", "_prefill_kernel"]
+    assert launches == ["decode_kernel", "decode_merge_kernel", "prefill_kernel"]
 
     # without the prefill launch the prefill sequence's rows are not computed; the decode row is
-    monkeypatch.setattr(ta, "_prefill_kernel", {})  # a grid lookup that fails: the launch happens
+    monkeypatch.setattr(tp, "prefill_kernel", {})  # a grid lookup that fails: the launch happens
     # (seed 1: no earlier call computed these rows, so memory torch.empty reuses cannot hold them)
     batch = make_batch([(5, 1), (9, 4)], block_size=4, num_kv_heads=2, group=2, head_dim=64, seed=1)
     with pytest.raises(KeyError):
         ta.paged_attention(**batch, **TILES)
-    monkeypatch.setattr(ta, "_prefill_kernel", {(2, 2, 1): lambda *a, **k: None})  # launched, does nothing
+    monkeypatch.setattr(tp, "prefill_kernel", {(2, 2, 1): lambda *a, **k: None})  # launched, does nothing
     out = ta.paged_attention(**batch, **TILES, max_query_len=4).double()
     expected = reference(**batch)
     assert (out[0] - expected[0]).abs().max().item() < 1e-3
@@ -245,12 +249,13 @@ def test_interpreter_is_set_up_whatever_was_imported_first():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = textwrap.dedent(f"""
         import importlib.util, torch, triton
-        import metroline.executors.torch.triton_attention as first
-        assert isinstance(first._decode_kernel, triton.runtime.JITFunction)
+        import metroline.executors.torch.triton_attention
+        from metroline.executors.torch import triton_common as first
+        assert not first.interpreted()
         spec = importlib.util.spec_from_file_location("tta", {__file__!r})
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        assert mod.ta._interpreted()
+        assert mod.tc.interpreted()
         mod.check([(9, 1), (12, 5)])
         print("ok")
     """)
@@ -262,9 +267,10 @@ _COMPILE_FOR_SM90 = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from metroline.executors.torch import triton_attention as ta
+from metroline.executors.torch import triton_attention as ta, triton_decode as td, triton_prefill as tp
 
 ELEM = {"q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "k_ptr", "v_ptr"}
+STRIDES = {"q_strides": 3, "out_strides": 3, "k_strides": 3, "v_strides": 3, "kc_strides": 4, "vc_strides": 4}
 
 def types(fn, dtype, consts):
     def one(name):
@@ -272,6 +278,8 @@ def types(fn, dtype, consts):
             return "constexpr"
         if name in ELEM:
             return dtype
+        if name in STRIDES:  # a tuple of strides: a cache's 4, a token tensor's 3
+            return ("i32",) * STRIDES[name]
         return {"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
                 "qsl_ptr": "*i32", "slot_ptr": "*i64", "qk_scale": "fp32"}.get(name, "i32")
     return {name: one(name) for name in fn.arg_names}
@@ -281,13 +289,13 @@ def build(fn, dtype, warps, **consts):
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return kernel.asm["ptx"]
 
-ptx = build(ta._decode_kernel, "*bf16", 8, GROUP=4, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, NUM_SPLITS=4, IEEE=False)
+ptx = build(td.decode_kernel, "*bf16", 8, GROUP=4, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, NUM_SPLITS=4, IEEE=False)
 assert "mma" in ptx, "decode: no tensor-core instruction"
-ptx = build(ta._prefill_kernel, "*fp16", 4, GROUP=3, TILE_TOKENS=21, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=False)
+ptx = build(tp.prefill_kernel, "*fp16", 4, GROUP=3, TILE_TOKENS=21, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=False)
 assert "mma" in ptx, "prefill: no tensor-core instruction"
-build(ta._prefill_kernel, "*fp32", 8, GROUP=1, TILE_TOKENS=64, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=True)
-build(ta._decode_merge_kernel, "*bf16", 4, BLOCK_D=128, NUM_SPLITS=4)
-build(ta._write_kv_kernel, "*bf16", 4, BLOCK_H=8, BLOCK_D=128)
+build(tp.prefill_kernel, "*fp32", 8, GROUP=1, TILE_TOKENS=64, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=True)
+build(td.decode_merge_kernel, "*bf16", 4, BLOCK_D=128, NUM_SPLITS=4)
+build(ta.write_kv_kernel, "*bf16", 4, BLOCK_H=8, BLOCK_D=128)
 print("ok")
 """
 
@@ -323,7 +331,7 @@ def test_bad_input_names_field_and_limit():
 
 
 def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(ta, "_interpreted", lambda: False)
+    monkeypatch.setattr(tc, "interpreted", lambda: False)
     batch = make_batch([(5, 1)], block_size=4, num_kv_heads=2, group=2, head_dim=64)
     with pytest.raises(RuntimeError, match="triton attention needs CUDA tensors \\(got cpu\\)"):
         ta.paged_attention(**batch)

@@ -1,0 +1,165 @@
+"""The flags of each command (`cli.build_parser` puts them together).
+
+Every flag of `run` and `compare` says its default in its help. The flags leave their value None
+when not given (so that a config file's value is not overridden), so the defaults shown are
+those of `EngineConfig` and `RunOptions`, read from the models themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import EngineConfig, RunOptions
+
+COMPARE_REFUSED = {
+    "policy": "compare runs the policies of --policies (a+b stacks plugin b on policy a); --policy is for run",
+    "requests_csv": "compare writes no per-request CSV; run one policy with `metroline run --policy P "
+                    "--requests-csv PATH`",
+    "steps_csv": "compare writes no per-step CSV; run one policy with `metroline run --policy P --steps-csv PATH`",
+}
+"""The flags of `run` that `compare` refuses, with the message it gives (`cmd_compare`)."""
+
+
+def _default(key: str) -> str:
+    """`(default X)`, X the default of `EngineConfig` or `RunOptions` field `key`."""
+    fields = {**RunOptions.model_fields, **EngineConfig.model_fields}
+    return f"(default {fields[key].default})"
+
+
+def _refused_or(p: argparse.ArgumentParser, compare: bool, *flag: str, **kw: object) -> None:
+    """Add `flag`; under `compare`, hidden, for `cmd_compare` to refuse with a clear message."""
+    if compare:
+        kw = {"help": argparse.SUPPRESS, **{k: v for k, v in kw.items() if k in ("dest", "metavar")}}
+    p.add_argument(*flag, **kw)
+
+
+def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
+    """The `EngineConfig` flags (every command that builds an engine)."""
+    _refused_or(p, compare, "--policy",
+                help=f"base policy: a shipped name, an entry point or pkg.mod:Obj {_default('policy')}")
+    p.add_argument("--plugin", action="append", default=None, metavar="SPEC",
+                   help="stack a plugin on the policy (repeatable; later ones take precedence; default: none)")
+    p.add_argument("--max-num-seqs", type=int, metavar="N",
+                   help=f"most sequences running at once {_default('max_num_seqs')}")
+    p.add_argument("--max-batched-tokens", type=int, dest="max_num_batched_tokens", metavar="N",
+                   help=f"tokens a step computes, prefill and decode together {_default('max_num_batched_tokens')}")
+    p.add_argument("--max-prefill-chunk", type=int, metavar="N",
+                   help="most prompt tokens one request prefills in a step (default: the step's token budget)")
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help=f"longest prompt + output a request may have {_default('max_model_len')}")
+    p.add_argument("--block-size", type=int, metavar="N", help=f"tokens per KV block {_default('block_size')}")
+    p.add_argument("--num-blocks", type=int, metavar="N",
+                   help=f"KV blocks in the device pool {_default('num_blocks')}; the torch executor sizes it "
+                   "from --kv-memory")
+    p.add_argument("--swap-space-blocks", type=int, metavar="N",
+                   help=f"host blocks for swapped requests {_default('swap_space_blocks')}; with --preemption "
+                   "swap: as many as --num-blocks")
+    p.add_argument("--no-prefix-sharing", action="store_true", default=None,
+                   help="turn the prefix cache off (default: on)")
+    p.add_argument("--preemption", choices=("recompute", "swap"), dest="preemption_mode",
+                   help="a preempted request's KV is freed and recomputed, or swapped to the host "
+                   f"{_default('preemption_mode')}")
+    p.add_argument("--seed", type=int, help=f"seed of the synthetic workloads and of sampling {_default('seed')}")
+    p.add_argument("--preset", help="a bundle of scheduler options that reproduces a real engine "
+                   "(vllm); explicit flags and config keys override it (default: none)")
+    p.add_argument("--config", metavar="PATH", help="TOML or JSON file of EngineConfig fields, plugin "
+                   "options ([plugin_options.NAME]) and run options ([run]); flags override it; paths in "
+                   "it are relative to its folder (default: none)")
+    p.add_argument("--debug", action="store_true", default=None,
+                   help="log every request transition on stderr, tagged with the policy (default: off)")
+
+
+def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
+    """The run options (`RunOptions`) and output files of `run` and `compare`."""
+    p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json "
+                   f"file {_default('workload')}")
+    p.add_argument("--executor", help="sim: the simulated executor; torch: a Hugging Face model on "
+                   f"paged KV; or an entry point of metroline.executors, or pkg.mod:factory {_default('executor')}")
+    p.add_argument("--model", help="torch executor: a model folder, a .gguf file or a known name (smollm2) "
+                   "(default: none)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="torch executor: weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="torch executor: cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="torch executor: the KV budget that sizes the pool when --num-blocks is not given "
+                   "(default 85%% of the free GPU memory; on CPU 1 GB, at most a quarter of the RAM)")
+    p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"),
+                   help=f"how long a simulated step takes {_default('cost_model')}")
+    p.add_argument("--step-time", type=float, metavar="S", help="seconds per step of the steps cost model "
+                   "(default 0.01)")
+    p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
+                   help="a cost model parameter, e.g. gpu=H100 or path=steps.csv (repeatable; default: the "
+                   "cost model's own)")
+    p.add_argument("--rate-scale", type=float, metavar="X",
+                   help=f"multiply the arrival rate (2 doubles it) {_default('rate_scale')}")
+    p.add_argument("--length-scale", type=float, metavar="X",
+                   help=f"multiply every prompt and output length {_default('length_scale')}")
+    p.add_argument("--max-requests", type=int, metavar="N",
+                   help="keep the first N requests by arrival (default: all)")
+    p.add_argument("--groups", type=int, metavar="N", help="number of groups of the mixed-64 workload (default 10)")
+    p.add_argument("--oracle-lengths", action="store_true", default=None,
+                   help="let policies see each request's true output length; the results say so (default: off)")
+    p.add_argument("--traces-dir", metavar="PATH",
+                   help="folder of the trace files (default: $METROLINE_TRACES, else ../shared/traces)")
+    p.add_argument("--window", type=float, metavar="S",
+                   help=f"seconds per fairness window: whole-run totals hide unfairness {_default('window')}")
+    p.add_argument("--json", metavar="PATH", help="write the result document (default: none)")
+    _refused_or(p, compare, "--requests-csv", metavar="PATH", help="write one row per request (default: none)")
+    _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step (default: none)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--report", metavar="DIR", help="write report.md, report.html, PNG plots and per-request CSVs "
+                   "into DIR (needs matplotlib: the report extra; default: none)")
+
+
+def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
+    """`--slo`: latency bounds for SLO attainment and goodput (`core/slo.py`)."""
+    p.add_argument("--slo", required=required, metavar="METRIC=S,...",
+                   help="latency bounds in seconds, e.g. ttft=0.5,tpot=0.05 (metrics: ttft, tpot, e2e): "
+                   "SLO attainment and goodput (requests/s within every bound)" + ("" if required else " (default: none)"))
+
+
+def sweep_flags(p: argparse.ArgumentParser) -> None:
+    """The rates and SLO of `sweep` (`core/sweep.py`)."""
+    p.add_argument("--rates", required=True, metavar="R1,R2,...|auto",
+                   help="arrival rates in requests/s (the workload's arrivals scaled to each), or auto: "
+                   "each policy's capacity at SLO by bisection from the workload's own rate")
+    slo_flag(p, required=True)
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="with --rates auto: stop when the bracket's ends are within this ratio (default 0.05)")
+
+
+def model_flags(p: argparse.ArgumentParser) -> None:
+    """The model of `generate` and `calibrate`."""
+    p.add_argument("--model", default="smollm2", help="a model folder, a .gguf file or a known name (default smollm2)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="the KV budget that sizes the pool when --num-blocks is not given")
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--block-size", type=int)
+
+
+def generate_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `generate`."""
+    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts (run as one batch)")
+    model_flags(p)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--seed", type=int, help="per-request sampling seed: the same tokens whatever the batch")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (the prompt is the user turn)")
+
+
+def calibrate_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `calibrate`."""
+    model_flags(p)
+    p.add_argument("--out", default="calibrated.json", metavar="FILE",
+                   help="where the fitted cost model goes (default calibrated.json)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each batch shape (default 3; the median counts)")
+    p.add_argument("--quick", action="store_true", help="a smaller sweep (for a first look or a test)")

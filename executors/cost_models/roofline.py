@@ -1,0 +1,121 @@
+"""The `roofline` cost model: the slower of compute and memory traffic for a model on a GPU."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from ...core.plan import StepPlan
+from ..base import count_block_ops
+from .base import StrictConfig, is_empty
+from .hardware import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelShape
+
+
+class RooflineConfig(StrictConfig):
+    """`model` and `gpu`: a preset name or a full `ModelShape` / `GpuSpec`. The efficiencies scale
+    the peaks; `overhead` is seconds per step (launches, scheduling); `host_bandwidth` is the host
+    link in bytes/s for swaps.
+    """
+
+    model: Union[str, ModelShape] = "llama-3-8b"
+    gpu: Union[str, GpuSpec] = "A100"
+    flops_efficiency: float = Field(default=0.6, gt=0.0, le=1.0)
+    bandwidth_efficiency: float = Field(default=0.8, gt=0.0, le=1.0)
+    overhead: float = Field(default=5e-4, ge=0.0)
+    host_bandwidth: float = Field(default=25e9, gt=0.0)
+
+    @field_validator("model", "gpu")
+    @classmethod
+    def _known_preset(cls, v: Any, info: ValidationInfo) -> Any:
+        presets = _PRESETS[info.field_name]
+        if isinstance(v, str) and v not in presets:
+            raise ValueError(f"unknown {info.field_name} preset {v!r}; valid: {', '.join(presets)}")
+        return v
+
+
+_PRESETS: dict[str, dict] = {"model": MODEL_PRESETS, "gpu": GPU_PRESETS}
+"""`RooflineConfig` field -> the presets a name in it may refer to."""
+
+
+def _resolve(field: str, value: Any) -> Any:
+    """The preset a name refers to, or the full shape / spec as given."""
+    return _PRESETS[field][value] if isinstance(value, str) else value
+
+
+def attention_pairs(plan: StepPlan) -> float:
+    """Query-key pairs the step's attention computes under the causal mask.
+
+    A sequence computing `n` tokens after `start` cached ones attends `n x start + n(n+1)/2` pairs.
+    A decode-only step (n = 1 each) has exactly `num_context_tokens` pairs, found in O(1); a step
+    with prefill walks its sequences. A hand-built plan with counters but no `scheduled` falls back
+    to `num_tokens x num_context_tokens / max(1, num_seqs)` (exact for one full-context sequence,
+    ignoring the mask).
+    """
+    if not plan.num_prefill_tokens:
+        return plan.num_context_tokens
+    if plan.scheduled:
+        return sum(n * s.num_computed_tokens + n * (n + 1) // 2 for s, n in plan.scheduled.items())
+    return plan.num_tokens * plan.num_context_tokens / max(1, plan.num_seqs)
+
+
+class RooflineCostModel:
+    """Step time = max(compute time, memory time) + overhead + block-op transfer time.
+
+    - compute: `2 x layer params x tokens + 2 x LM-head params x num_seqs` (logits for each
+      scheduled sequence) `+ 4 x layers x num_heads x head_dim x attention pairs` (QK^T and AV; see
+      `attention_pairs`), at `gpu.flops x flops_efficiency`.
+    - memory: the weights once, plus KV read (`kv_bytes_per_token x num_context_tokens`) and
+      written (`kv_bytes_per_token x num_tokens`), at `gpu.bandwidth x bandwidth_efficiency`.
+      Activations are ignored.
+    - block ops, run before the forward and not overlapped with it: each swap moves one block
+      (`kv_bytes_per_token x block_size`) over the host link; each copy reads and writes one block
+      in device memory.
+    """
+
+    name = "roofline"
+
+    def __init__(self, **params: Any) -> None:
+        self.config = c = RooflineConfig(**params)
+        self.shape: ModelShape = _resolve("model", c.model)
+        self.gpu: GpuSpec = _resolve("gpu", c.gpu)
+        s, g = self.shape, self.gpu
+        self._flops = g.flops * c.flops_efficiency
+        self._bandwidth = g.bandwidth * c.bandwidth_efficiency
+        self._flops_per_token = 2.0 * s.layer_params * s.num_layers
+        self._flops_per_logit_row = 2.0 * s.vocab_size * s.hidden_size
+        self._flops_per_pair = 4.0 * s.num_layers * s.num_heads * s.head_dim
+        self._weight_bytes = s.weight_bytes
+        self._kv_bytes = s.kv_bytes_per_token
+
+    def breakdown(self, plan: StepPlan) -> tuple[float, float, float]:
+        """`(compute_s, memory_s, block_ops_s)` of the plan, before the overhead."""
+        compute = memory = transfer = 0.0
+        n = plan.num_tokens
+        if n:
+            flops = (self._flops_per_token * n + self._flops_per_logit_row * plan.num_seqs
+                     + self._flops_per_pair * attention_pairs(plan))
+            compute = flops / self._flops
+            kv_bytes = self._kv_bytes * (plan.num_context_tokens + n)
+            memory = (self._weight_bytes + kv_bytes) / self._bandwidth
+        if plan.block_ops:
+            copies, outs, ins = count_block_ops(plan.block_ops)
+            block = self._kv_bytes * plan.block_size
+            transfer = (block * (outs + ins) / self.config.host_bandwidth
+                        + 2 * block * copies / self._bandwidth)
+        return compute, memory, transfer
+
+    def step_time(self, plan: StepPlan) -> float:
+        if is_empty(plan):
+            return 0.0
+        compute, memory, transfer = self.breakdown(plan)
+        return max(compute, memory) + transfer + self.config.overhead
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            **self.config.model_dump(),
+            "model_shape": self.shape.model_dump(),
+            "gpu_spec": self.gpu.model_dump(),
+            "num_params": self.shape.num_params,
+        }
