@@ -85,12 +85,14 @@ def test_n_choices_stream_interleaved_with_their_index_and_usage_counts_them_all
     assert all_ended
 
 
-def test_more_choices_than_max_num_seqs_answer_400_naming_n():
+def test_more_choices_than_max_num_seqs_or_an_empty_stop_string_answer_400_naming_the_field():
     with sim_server(step_time=0.001, max_num_seqs=4) as srv:
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 5})
         ok = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 4})
+        empty_stop = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "stop": [""]})
     assert (r.status_code, r.json()["error"]["param"]) == (400, "n")
     assert "n (5) exceeds max_num_seqs=4" in r.json()["error"]["message"]
+    assert (empty_stop.status_code, empty_stop.json()["error"]["param"]) == (400, "stop")
     assert ok.status_code == 200 and [c["index"] for c in ok.json()["choices"]] == [0, 1, 2, 3]
 
 

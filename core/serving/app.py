@@ -36,6 +36,28 @@ def error(status: int, message: str, type_: str, param: str | None = None, code:
     return JSONResponse(p.error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
+def _param_of(exc: ValidationError, chat: bool) -> str:
+    """The body field an engine-side validation error is about: a sampling field by its OpenAI
+    name, else (a limit on the whole request) `n` or `max_tokens` when its message names them,
+    else the prompt."""
+    errors = exc.errors()
+    loc = errors[0]["loc"] if errors else ()
+    if exc.title == "SamplingParams" and loc:
+        field = loc[0]
+    elif len(loc) > 1 and loc[0] == "sampling":
+        field = loc[1]
+    else:
+        field = None
+    if field is not None:
+        return "max_tokens" if field == "max_new_tokens" else str(field)
+    msg = p.describe(exc)
+    if "sampling.n " in msg:
+        return "n"
+    if "max_new_tokens" in msg and "max_model_len" not in msg:
+        return "max_tokens"
+    return "messages" if chat else "prompt"
+
+
 class _Refusal(Exception):
     def __init__(self, response: JSONResponse) -> None:
         self.response = response
@@ -113,14 +135,8 @@ class Server:
                 ),
             ))
         except ValidationError as exc:
-            msg = p.describe(exc)
-            param = "messages" if chat else "prompt"
-            if "sampling.n " in msg:
-                param = "n"
-            elif "max_new_tokens" in msg and "max_model_len" not in msg:
-                param = "max_tokens"
-            msg = msg.replace("sampling.max_new_tokens", "max_tokens").replace("sampling.n ", "n ")
-            raise self._refuse(tenant, "invalid", 400, msg, "invalid_request_error", param)
+            msg = p.describe(exc).replace("sampling.max_new_tokens", "max_tokens").replace("sampling.", "")
+            raise self._refuse(tenant, "invalid", 400, msg, "invalid_request_error", _param_of(exc, chat))
         if self._checks:
             # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
             # rather than a failure once queued (Engine.add_request asks the same question)
