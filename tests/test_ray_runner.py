@@ -12,12 +12,12 @@ ray = pytest.importorskip("ray")
 
 from metroline import cli  # noqa: E402
 from metroline.core.config import EngineConfig  # noqa: E402
+from metroline.core.replay_check import without_wall_clock  # noqa: E402
 from metroline.core.run_series import series_of  # noqa: E402
 from metroline.core.runner import run_many  # noqa: E402
 from metroline.core.workloads import build_workload  # noqa: E402
 from metroline.executors.registry import make_executor  # noqa: E402
 
-WALL_CLOCK = {"wall_s", "started_at", "host", "command"}
 # a pool small enough to preempt, three tenants, two priority classes: the policies differ
 ARGS = ["--workload", "chat", "--max-requests", "160", "--max-num-seqs", "32", "--num-blocks", "500", "--no-progress"]
 
@@ -27,14 +27,6 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def without_wall_clock(value):
-    if isinstance(value, dict):
-        return {k: without_wall_clock(v) for k, v in value.items() if k not in WALL_CLOCK}
-    if isinstance(value, list):
-        return [without_wall_clock(v) for v in value]
-    return value
 
 
 def test_run_many_on_ray_equals_local_runs_in_order():
@@ -62,7 +54,8 @@ def test_compare_with_ray_writes_the_document_of_local_processes(tmp_path):
         assert cli.main(["compare", "--policies", "fcfs,srpt,priority", *ARGS, "--json", str(path), *flags]) == 0
         docs[name] = json.loads(path.read_text())
     assert docs["ray"]["runs"][0]["summary"]["preemptions"] > 0
-    assert "--ray" in docs["ray"]["manifest"]["command"]["argv"]
+    commands = [docs[name]["manifest"].pop("command")["argv"] for name in ("local", "ray")]
+    assert commands[0][-2:] == ["--jobs", "2"] and commands[1][-1] == "--ray"
     assert without_wall_clock(docs["ray"]) == without_wall_clock(docs["local"])
 
 
