@@ -157,7 +157,7 @@ class Admission:
             swapped_in[0] = self.pool.swap_in(seq.host_table, self.swap, plan.block_ops)
             return swapped_in[0] is not None
 
-        if not self.preempt_for(seq, "blocks", plan, swap_in):
+        if not self.preempt_for(seq, "blocks", plan, swap_in, len(seq.host_table)):
             return BLOCKED
         seq.block_table, seq.host_table = swapped_in[0], []
         del self.swapped[seq]

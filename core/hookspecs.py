@@ -108,6 +108,14 @@ def select_victim(ctx: StepContext, requester: Sequence, reason: str) -> Sequenc
     requester. The hook is called again while blocks are still missing. A victim that is not
     running is an invalid answer.
 
+    How often: once per preemption, plus the refusals. For a running requester there is no
+    refusal (None preempts it). For candidates the refusals of one step are bounded whatever the
+    queue's length (`core/victim_loop.py`): once the policy declined to make room for a candidate
+    that lacked `k` blocks, a later candidate of the step is asked about only when it lacks fewer
+    than `k`, and after `REFUSALS_PER_STEP` (4) refusals none is; the others are skipped (or block
+    admission, under head-of-line) as if the policy had declined. A `"slots"` refusal ends the
+    step's admission.
+
     The progress rule (the core's, whatever the policy): a request preempted twice in a row
     without computing past the most tokens it had ever computed is *protected* until it passes
     that mark (`ctx.is_protected(seq)`). A protected request is never displaced for a younger

@@ -51,6 +51,7 @@ class Scheduler(Admission, VictimLoop, Rescue):
         self._pulls_left = 0  # admission candidates the scheduler may still pull in this step
         self._offered = False  # this step's plugins asked for something to be served
         self._rescuing = False  # the core serves the oldest request itself (see `Rescue`)
+        self._new_step_refusals()  # the policy's refusals to make room for candidates (`VictimLoop`)
         self.num_decoding = 0
         self.total_preemptions = 0
         self.rescues = 0
@@ -137,6 +138,7 @@ class Scheduler(Admission, VictimLoop, Rescue):
             arrived, self._arrived = self._arrived, []
             self.plugins.hook.on_arrival(ctx=ctx, seqs=arrived)
         self._notified = 0
+        self._new_step_refusals()
         self.prefix.new_step()  # last step's registrations: their KV is written now
         return StepPlan(ctx.step, self.pool.block_size)
 
