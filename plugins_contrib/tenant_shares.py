@@ -1,0 +1,81 @@
+"""`tenant_shares`: reserve tenants a share of every step's token budget, stacked on any policy.
+
+```toml
+policy = "fcfs"
+plugins = ["metroline.plugins_contrib.tenant_shares:TenantShares"]
+
+[plugin_options.tenant_shares]
+shares = { enterprise = 0.5 }
+```
+
+It wraps the base policy's `split_budget` and adds `Split.shares` for the tenants it reserves for
+that have requests in the engine: their sequences are served first, up to their share of the
+step's decode and prefill tokens, and what they leave unused goes to the other tenants in the same
+step (see `core/shares.py`). It changes no order and no victim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from ..core.answers import shares_problem
+from ..core.budget import Split
+from ..core.hookspecs import hookimpl
+from ..core.sequence import Sequence
+
+
+class TenantShares:
+    """Per-tenant reserved shares of each step's tokens.
+
+    Option `shares`: tenant -> fraction of each step's decode and prefill tokens reserved for its
+    sequences (numbers in [0, 1] that sum to at most 1). A tenant is reserved for only while it has
+    requests in the engine (arrived and not ended), so an idle tenant's share costs nothing.
+    Shares another plugin below set for other tenants are kept; for the same tenant, this
+    plugin's share replaces theirs.
+    """
+
+    name = "tenant_shares"
+
+    def __init__(self, shares: Mapping[str, float] | None = None) -> None:
+        shares = dict(shares or {})
+        problem = shares_problem(shares)
+        if problem:
+            raise ValueError(f"tenant_shares option shares: {problem}")
+        self.shares = {t: float(f) for t, f in shares.items() if f > 0}
+        self.live: dict[str, set[Sequence]] = {t: set() for t in self.shares}
+        """The sequences in the engine of each reserved tenant."""
+
+    def _track(self, seqs: list[Sequence]) -> None:
+        live = self.live
+        for s in seqs:
+            mine = live.get(s.tenant)
+            if mine is not None:
+                mine.add(s)
+
+    @hookimpl
+    def on_arrival(self, seqs: list[Sequence]) -> None:
+        self._track(seqs)
+
+    @hookimpl
+    def on_admitted(self, seqs: list[Sequence]) -> None:
+        self._track(seqs)  # the samples of an n > 1 request never arrive
+
+    @hookimpl
+    def on_finished(self, seqs: list[Sequence]) -> None:
+        live = self.live
+        for s in seqs:
+            mine = live.get(s.tenant)
+            if mine is not None:
+                mine.discard(s)
+
+    @hookimpl(wrapper=True)
+    def split_budget(self) -> Generator[None, Any, Split | None]:
+        split = yield
+        if split is None:
+            return None
+        active = {t: f for t, f in self.shares.items() if self.live[t]}
+        if not active:
+            return split
+        split = Split(*split)
+        return split._replace(shares={**(split.shares or {}), **active})
