@@ -71,7 +71,7 @@ def split_problem(split: Any) -> str | None:
     `shares` (finite fractions >= 0 of tenants, summing to at most 1). Its ranges against the
     step's budget are checked by the scheduler. None when nothing is."""
     if not isinstance(split, tuple) or not 3 <= len(split) <= 5:
-        return f"expected Split(decode, prefill, max_chunk[, max_prefills[, shares]]), got {_describe(split)}"
+        return f"expected Split(decode, prefill, max_chunk), optionally with max_prefills and shares, got {_describe(split)}"
     for field, value in zip(("decode", "prefill", "max_chunk", "max_prefills"), split):
         if field == "max_prefills" and value is None:
             continue
