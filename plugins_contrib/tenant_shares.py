@@ -16,7 +16,7 @@ step (see `core/shares.py`). It changes no order and no victim.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 from ..core.answers import shares_problem
@@ -46,28 +46,28 @@ class TenantShares:
         self.live: dict[str, set[Sequence]] = {t: set() for t in self.shares}
         """The sequences in the engine of each reserved tenant."""
 
-    def _track(self, seqs: list[Sequence]) -> None:
+    def _reserved(self, seqs: list[Sequence]) -> Iterator[tuple[set[Sequence], Sequence]]:
+        """The sequences of `seqs` whose tenant is reserved for, each with its tenant's set."""
         live = self.live
         for s in seqs:
             mine = live.get(s.tenant)
             if mine is not None:
-                mine.add(s)
+                yield mine, s
 
     @hookimpl
     def on_arrival(self, seqs: list[Sequence]) -> None:
-        self._track(seqs)
+        for mine, s in self._reserved(seqs):
+            mine.add(s)
 
     @hookimpl
     def on_admitted(self, seqs: list[Sequence]) -> None:
-        self._track(seqs)  # the samples of an n > 1 request never arrive
+        for mine, s in self._reserved(seqs):
+            mine.add(s)  # the samples of an n > 1 request never arrive
 
     @hookimpl
     def on_finished(self, seqs: list[Sequence]) -> None:
-        live = self.live
-        for s in seqs:
-            mine = live.get(s.tenant)
-            if mine is not None:
-                mine.discard(s)
+        for mine, s in self._reserved(seqs):
+            mine.discard(s)
 
     @hookimpl(wrapper=True)
     def split_budget(self) -> Generator[None, Any, Split | None]:
