@@ -208,8 +208,8 @@ def check_request(ctx: StepContext, seq: Sequence) -> str | None:
         A one-line reason: the request is refused (`RequestRefused`; `rejected` in a replay)
         instead of waiting for ever. Anything else than a string or None is a `PluginError`.
 
-    Called by `Engine.add_request`, once per request, on every plugin; the first reason is
-    reported, prefixed with the plugin's name.
+    Called by `Engine.add_request`, once per request, on each plugin (newest first) until one
+    gives a reason, which is reported prefixed with the plugin's name.
     """
 
 

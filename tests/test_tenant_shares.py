@@ -174,7 +174,9 @@ def test_an_answer_whose_shares_exceed_the_budget_names_the_plugin_and_the_hook(
 def test_the_conformance_suite_fails_an_over_budget_share_and_passes_tenant_shares():
     with pytest.raises(ConformanceError, match=r"PluginError.*fixed_shares.*split_budget"):
         check_plugin(FixedShares({"alpha": 0.8, "beta": 0.8}), modes=("recompute",))
-    check_plugin(SPEC, options={"shares": {"alpha": 0.5, "burst": 0.25}}, modes=("recompute",))
+    # a pool that forces preemption, in both modes, shares summing to 1, on two base policies
+    check_plugin(SPEC, options={"shares": {"alpha": 0.3, "beta": 0.3, "burst": 0.4}})
+    check_plugin(SPEC, options={"shares": {"gamma": 1.0}}, base="priority")
 
 
 def test_tenant_shares_refuses_bad_options():
