@@ -3,7 +3,8 @@
 It decides and never touches tensors; policy comes from the plugins' hooks, blocks from the
 `BlockPool`. See DESIGN.md, "One step", for the order of the phases. The phases live in one file
 each: admission (`admission.py`), the victim loop (`victim_loop.py`), the rescue (`rescue.py`), the
-blocks registered in this step (`step_prefix.py`), forking (`forking.py`).
+blocks registered in this step (`step_prefix.py`), forking (`forking.py`), the tenants' reserved
+shares of the budget (`shares.py`).
 """
 
 from __future__ import annotations
