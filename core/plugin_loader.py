@@ -38,6 +38,9 @@ SHIPPED: dict[str, str] = {
     "weighted_budget": "metroline.policies.budget_split:WeightedBudget",
     "reserve": "metroline.policies.reserve:ReserveBlocks",
     "auto_preemption": "metroline.policies.auto_preemption:AutoPreemption",
+    # output-length estimators (answer estimate_output_tokens under any policy)
+    "length_mean": "metroline.policies.length_estimators:LengthMean",
+    "length_regression": "metroline.policies.length_estimators:LengthRegression",
     # building blocks for platform teams
     "tenant_quota": "metroline.plugins_contrib.tenant_quota:TenantQuota",
     "prefix_aware": "metroline.plugins_contrib.prefix_aware:PrefixAware",
