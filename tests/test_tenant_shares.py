@@ -9,7 +9,7 @@ import math
 import random
 
 import pytest
-from conftest import make_engine, request, run_to_end
+from conftest import assert_pool_drained, live_tables, make_engine, request, run_to_end
 
 from metroline.core.budget import Split
 from metroline.core.errors import PluginError
@@ -68,9 +68,14 @@ def overloaded(engine, seed: int = 0, n: int = 240) -> None:
 
 
 def run(engine) -> None:
-    """Step to the end; the clock jumps to the next arrival over an empty step."""
-    for _ in engine.stream():
-        pass
+    """Step to the end (the clock jumps to the next arrival over an empty step), checking the KV
+    invariants after every step."""
+    while engine.has_unfinished():
+        engine.step()
+        engine.pool.check_invariants(live_tables(engine))
+        if engine.last_plan_empty:
+            engine.idle()
+    assert_pool_drained(engine)
 
 
 def shares_engine(*plugins):
