@@ -10,17 +10,20 @@ comparison; `format_paired_table` prints it. The statistics are `core/stats.py`'
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .stats import DEFAULT_LEVEL, FEW_SEEDS, interval, paired_difference
 
 # (label, path in a result document, direction, display scale, display unit): the metrics compared.
 PAIRED_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float, str], ...] = (
+    ("requests", ("summary", "requests"), None, 1.0, ""),
     ("throughput", ("summary", "output_throughput_tok_s"), "higher", 1.0, "tok/s"),
     ("requests done", ("summary", "request_throughput_req_s"), "higher", 1.0, "req/s"),
     ("completed", ("summary", "completed"), "higher", 1.0, ""),
     ("unfinished", ("summary", "unfinished"), "lower", 1.0, ""),
     ("TTFT mean", ("summary", "ttft_s", "mean"), "lower", 1000.0, "ms"),
+    ("TTFT p50", ("summary", "ttft_s", "p50"), "lower", 1000.0, "ms"),
     ("TTFT p99", ("summary", "ttft_s", "p99"), "lower", 1000.0, "ms"),
     ("TPOT mean", ("summary", "tpot_s", "mean"), "lower", 1000.0, "ms"),
     ("TPOT p99", ("summary", "tpot_s", "p99"), "lower", 1000.0, "ms"),
@@ -148,3 +151,36 @@ def format_paired_table(comparison: dict[str, Any]) -> str:
     lines += [header, "-" * len(header)]
     lines += [f"{name:<{label_w}}" + "".join(f"{v:>{w}}" for v, w in zip(vals, widths)) for name, vals in rows]
     return "\n".join(lines) + "\n"
+
+
+def report_documents(comparison: dict[str, Any], docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For `--report` with `--seeds`: per policy (in the comparison's order), a copy of its
+    document `docs[i]` (one draw's) in which every compared metric is its mean over the seeds,
+    with its interval under `summary["ci"]` (`summary.ttft_s.mean` at `summary["ci"]["ttft_s"]
+    ["mean"]`), and `paired` ({metric label: its paired difference}), `baseline` and `seeds` added:
+    the shape `core/ab_report` reads. What the comparison does not cover stays the draw's."""
+    shown = []
+    for doc, (label, metrics) in zip(docs, comparison["policies"].items()):
+        d = copy.deepcopy(doc)
+        ci = d.setdefault("summary", {}).setdefault("ci", {})
+        paired = {}
+        for key, entry in metrics.items():
+            if entry["mean"] is None:
+                continue
+            path = key.split(".")
+            node = d
+            for step in path[:-1]:
+                if not isinstance(node.get(step), dict):
+                    node[step] = {}
+                node = node[step]
+            node[path[-1]] = entry["mean"]["estimate"]
+            if path[0] == "summary":
+                node = ci
+                for step in path[1:-1]:
+                    node = node.setdefault(step, {})
+                node[path[-1]] = entry["mean"]
+            if entry["vs_baseline"] is not None:
+                paired[comparison["metrics"][key]["label"]] = entry["vs_baseline"]
+        d.update(policy=label, paired=paired, baseline=comparison["baseline"], seeds=comparison["seeds"])
+        shown.append(d)
+    return shown

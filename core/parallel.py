@@ -1,5 +1,5 @@
-"""Several replays at once: every config on every workload, in parallel worker processes (forks of
-this process, so each replays the very workload object built here)."""
+"""Several replays at once: runs (a workload and a config each) in parallel worker processes
+(forks of this process, so each replays the very workload object built here), or on Ray."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .config import EngineConfig
+from .engine import Engine
 from .errors import NoProgressError, PluginError
 from .horizon import MeasurementWindow
 from .progress import ProgressBar, ProgressBoard
@@ -31,93 +32,112 @@ def default_jobs() -> int:
 
 
 def run_workloads(
-    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any,
+    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any
 ) -> list[dict[str, Any]]:
     """Replay `workload` once per config (each on a new engine and a new executor from
     `make_executor()`) and return the result documents in the order of `configs`.
 
-    `jobs` worker processes (default: one per core) run them in parallel. Each worker is a fork of
-    this process, so it replays the very workload object built here, with the same interpreter
-    state (hash seed included), and a document equals the one a run in this process gives, except
-    `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
-    `progress` shows one line with each run's share done, labelled by `labels` (default: the
-    policies). The `options` are `run_grid`'s: `jobs`, `labels`, `oracle_lengths`, `progress`,
-    `window_s`, `vocab_size` and `measure` (the measurement window of every run, `run_workload`)."""
-    return run_grid([workload], configs, make_executor, **options)[0]
+    `options` are `run_many`'s (but `extract`): `jobs` worker processes (default: one per core)
+    run them in parallel. Each worker is a fork of this process, so it replays the very workload
+    object built here, with the same interpreter state (hash seed included), and a document equals
+    the one a run in this process gives, except `wall_s` (the host's time, which no two runs
+    share). `jobs=1` runs them here, one by one. `progress` shows one line with each run's share
+    done, labelled by `labels` (default: the policies)."""
+    return [doc for doc, _ in run_many([(workload, c) for c in configs], make_executor, **options)]
 
 
-def run_grid(
-    workloads: list[Workload],
-    configs: list[EngineConfig],
+def run_many(
+    runs: list[tuple[Workload, EngineConfig]],
     make_executor: Callable[[], Any],
     *,
+    extract: Callable[[Engine, dict[str, Any]], Any] | None = None,
     jobs: int | None = None,
     labels: list[str] | None = None,
     oracle_lengths: bool = False,
     progress: bool | None = False,
     window_s: float = 60.0,
     vocab_size: int | None = None,
+    ray: str | None = None,
     measure: MeasurementWindow | None = None,
-) -> list[list[dict[str, Any]]]:
-    """Replay every workload under every config, as `run_workloads` does for one workload, all
-    runs sharing one pool of `jobs` workers; returns `docs[w][c]` for workload `w` and config `c`.
-    With several workloads a run's progress label is its config's label and the workload's index
-    (`fcfs#0`)."""
+) -> list[tuple[dict[str, Any], Any]]:
+    """`run_workloads` for runs that may each replay their own workload (a load sweep replays one
+    workload at several rates): `(document, extract(engine, document))` per run, in the order of
+    `runs` (`None` for the second without `extract`). `extract` runs where the run ran (in its
+    worker), so what it returns, not the engine, crosses back: keep it small and picklable.
+    `ray`: run them as tasks of a Ray cluster instead (its address; "" for a local one or the
+    one `RAY_ADDRESS` names; see `ray_runner.run_on_ray`), `jobs` then unused. `measure`: the
+    measurement window of every run (`run_workload`)."""
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
-    labels = labels or ["+".join([c.policy, *c.plugins]) for c in configs]
-    grid = [(w, c) for w in range(len(workloads)) for c in range(len(configs))]
-    run_labels = [labels[c] if len(workloads) == 1 else f"{labels[c]}#{w}" for w, c in grid]
-    jobs = min(jobs or default_jobs(), len(grid))
+    labels = labels or ["+".join([c.policy, *c.plugins]) for _, c in runs]
+    jobs = min(jobs or default_jobs(), len(runs))
     options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
     if measure is not None:
         options["measure"] = measure
     if vocab_size is not None:
         options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
-    docs: list[list[dict[str, Any]]] = [[] for _ in workloads]
+    if ray is not None:
+        from .ray_runner import run_on_ray
+
+        return run_on_ray(runs, make_executor, labels, options, extract=extract, address=ray, progress=progress)
+    total = max((len(w.items) for w, _ in runs), default=0)
     if jobs <= 1:
-        for label, (w, c) in zip(run_labels, grid):
-            bar = ProgressBar(len(workloads[w].items), enabled=progress, label=label)
-            doc, engine = run_workload(workloads[w], configs[c], make_executor(), progress=bar, **options)
+        results = []
+        for label, (workload, config) in zip(labels, runs):
+            bar = ProgressBar(len(workload.items), enabled=progress, label=label)
+            doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
+            results.append((doc, extract(engine, doc) if extract is not None else None))
             engine.close()
-            docs[w].append(doc)
-        return docs
-    board = ProgressBoard(run_labels, max(len(wl.items) for wl in workloads), enabled=progress)
+        return results
+    board = ProgressBoard(labels, total, enabled=progress)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.SimpleQueue() if board.enabled else None
-    _JOB.update(workloads=workloads, configs=configs, grid=grid, make_executor=make_executor, options=options,
-                queue=queue)
+    _JOB.update(runs=runs, make_executor=make_executor, options=options, queue=queue, extract=extract)
     try:
         with ctx.Pool(jobs) as pool:
-            pending = pool.map_async(_run_job, range(len(grid)), chunksize=1)
+            pending = pool.map_async(_run_job, range(len(runs)), chunksize=1)
             while not pending.ready():
                 pending.wait(0.1)
                 while queue is not None and not queue.empty():
                     board.update(*queue.get())
-            results = pending.get()
+            outcomes = pending.get()
     finally:
         _JOB.clear()
         board.close()
-    for label, (w, _), (doc, error) in zip(run_labels, grid, results):
+    return collect_outcomes(labels, outcomes)
+
+
+def collect_outcomes(labels: list[str], outcomes: list[tuple[Any, Any, str | None]]) -> list[tuple[Any, Any]]:
+    """`(document, extracted)` per run from the workers' `run_remote` outcomes, in order; the first
+    run that failed raises ValueError naming its label."""
+    for label, (_, _, error) in zip(labels, outcomes):
         if error is not None:
             raise ValueError(f"{label}: {error}")
-        docs[w].append(doc)
-    return docs
+    return [(doc, extracted) for doc, extracted, _ in outcomes]
 
 
-def _run_job(index: int) -> tuple[dict[str, Any] | None, str | None]:
-    """One run in a worker: (document, None), or (None, the error's message) for the errors the
-    command reports as such (the exception itself may not survive pickling)."""
+def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
+    """One run in a forked worker (what `_JOB` holds), as `run_remote`."""
     job = _JOB
     queue = job["queue"]
     bar = _QueuedProgress(index, queue) if queue is not None else False
-    w, c = job["grid"][index]
+    workload, config = job["runs"][index]
+    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar)
+
+
+def run_remote(
+    workload: Workload, config: EngineConfig, make_executor: Callable[[], Any], options: dict[str, Any],
+    extract: Callable[[Engine, dict[str, Any]], Any] | None, progress: Any = False,
+) -> tuple[dict[str, Any] | None, Any, str | None]:
+    """One run away from the command's process: (document, extracted, None), or (None, None, the
+    error's message) for the errors the command reports as such (the exception itself may not
+    survive pickling)."""
     try:
-        doc, _ = run_workload(job["workloads"][w], job["configs"][c], job["make_executor"](), progress=bar,
-                              **job["options"])
+        doc, engine = run_workload(workload, config, make_executor(), progress=progress, **options)
+        extracted = extract(engine, doc) if extract is not None else None
     except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return doc, None
+        return None, None, f"{type(exc).__name__}: {exc}"
+    return doc, extracted, None
 
 
 class _QueuedProgress:

@@ -9,23 +9,26 @@ weight, `1 / max_num_batched_tokens`, counts the remaining time in steps; 1.0 co
 
 The expected output length is the request's `expected_output_tokens` hint when it has one
 (`--oracle-lengths` sets it to the true length in simulation), else the answer of the
-`estimate_output_tokens` hook, which `srpt` itself answers last (`trylast`) with a running mean per
-tenant of finished requests' output lengths. An estimate above `max_new_tokens` counts as
-`max_new_tokens`.
+`estimate_output_tokens` hook (a stacked estimator: `--plugin length_mean`, `--plugin
+length_regression`, see `policies/length_estimators.py`), else, when no plugin answers, `srpt`'s own
+running mean per tenant of completed requests' output lengths (a private `LengthMean`). An estimate
+above `max_new_tokens` counts as `max_new_tokens`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.sequence import RUNNING, FinishReason, Sequence
-
-_COMPLETED = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+from ..core.plugin_options import PluginOptions, take_options
+from ..core.sequence import RUNNING, Sequence
+from .length_estimators import LengthMean
 
 
 def tokens_to_prefill(seq: Sequence) -> int:
@@ -56,18 +59,13 @@ class SRPT:
     - **victim**: for a running request that needs a KV block, the running request with the longest
       remaining processing time (possibly the requester itself). A waiting request never preempts a
       running one (SRPT here is non-preemptive at admission).
-    - **estimate_output_tokens** (answered last, so any other plugin's estimate wins): the mean
-      output length of the requests of the same tenant that completed so far, rounded;
-      `prior_output_tokens` until the tenant has one.
+    - **expected output length**: the request's hint, else the `estimate_output_tokens` hook's
+      answer (a stacked estimator plugin), else, when no plugin answers, the rounded mean output
+      length of the requests of the same tenant that completed so far (`prior_output_tokens` until
+      the tenant has one): the estimate of `length_mean`, which `srpt` keeps privately in
+      `mean_lengths` (it does not answer the hook for other plugins).
 
-    Options (`[plugin_options.srpt]`):
-
-    - `prior_output_tokens` (int >= 0, default 128): the estimate for a tenant with no finished
-      request yet.
-    - `max_wait_s` (float >= 0 or None, default None: no guard): the wait after which a request is
-      promoted.
-    - `prefill_weight` (float >= 0 or None, default None: `1 / max_num_batched_tokens`): what one
-      token to prefill counts for, next to one output token to generate.
+    Options: see `SRPT.Options` (`prior_output_tokens`, `max_wait_s`, `prefill_weight`).
 
     Guard bound: let R become overdue at `t = arrival(R) + max_wait_s`. Requests arriving later
     become overdue later and queue behind it, so only the `Q` requests that arrived before R and
@@ -78,28 +76,32 @@ class SRPT:
 
     name = "srpt"
 
-    def __init__(
-        self, prior_output_tokens: int = 128, max_wait_s: float | None = None, prefill_weight: float | None = None
-    ) -> None:
-        if isinstance(prior_output_tokens, bool) or not isinstance(prior_output_tokens, int) or prior_output_tokens < 0:
-            raise ValueError(f"prior_output_tokens must be an int >= 0, got {prior_output_tokens!r}")
-        if max_wait_s is not None and (
-            isinstance(max_wait_s, bool)
-            or not isinstance(max_wait_s, (int, float))
-            or not (math.isfinite(max_wait_s) and max_wait_s >= 0)
-        ):
-            raise ValueError(f"max_wait_s must be a finite number of seconds >= 0 or None, got {max_wait_s!r}")
-        if prefill_weight is not None and (
-            isinstance(prefill_weight, bool)
-            or not isinstance(prefill_weight, (int, float))
-            or not (math.isfinite(prefill_weight) and prefill_weight >= 0)
-        ):
-            raise ValueError(f"prefill_weight must be a finite number >= 0 or None, got {prefill_weight!r}")
+    class Options(PluginOptions):
+        """`[plugin_options.srpt]`."""
+
+        prior_output_tokens: int = Field(
+            default=128, ge=0, description="the expected output length for a tenant with no finished request yet"
+        )
+        max_wait_s: float | None = Field(
+            default=None, ge=0, allow_inf_nan=False,
+            description="the wait in seconds after which a request is promoted; None: no guard",
+        )
+        prefill_weight: float | None = Field(
+            default=None, ge=0, allow_inf_nan=False,
+            description="what one token to prefill counts for, next to one output token to generate; "
+            "None: `1 / max_num_batched_tokens`",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        prior_output_tokens, max_wait_s, prefill_weight = (
+            self.options.prior_output_tokens, self.options.max_wait_s, self.options.prefill_weight
+        )
+        self.mean_lengths = LengthMean(prior_output_tokens)  # the estimate when no plugin answers
         self.prior_output_tokens = prior_output_tokens
         self.prefill_weight = None if prefill_weight is None else float(prefill_weight)
         self.max_wait_s = None if max_wait_s is None else float(max_wait_s)
         self.expected: dict[Sequence, int] = {}  # total output tokens expected, per live sequence
-        self.tenant_stats: dict[str, list[int]] = {}  # tenant -> [sum of output tokens, count]
         self.queue = LazyHeap(rekey=True)  # by (remaining, arrival), keyed at each push
         self.by_arrival = None  # the guard's queue, by arrival
         if max_wait_s is not None:
@@ -108,14 +110,15 @@ class SRPT:
     # --- estimates -----------------------------------------------------------------------------
 
     def expected_output(self, ctx: StepContext, seq: Sequence) -> int:
-        """The total output length expected of `seq` (the hint, else the hook), cached per sequence."""
+        """The total output length expected of `seq` (the hint, else the hook, else the tenant's
+        mean), cached per sequence."""
         est = self.expected.get(seq)
         if est is None:
             est = seq.expected_output_tokens
             if est is None:
-                est = ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)
+                est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)
                 if est is None:
-                    est = self.prior_output_tokens
+                    est = self.mean_lengths.estimate_output_tokens(seq)
                 elif isinstance(est, bool) or not isinstance(est, int) or est < 0:
                     raise ValueError(
                         f"estimate_output_tokens answered {est!r} for {seq.seq_id!r}; expected an int >= 0"
@@ -129,13 +132,6 @@ class SRPT:
         if weight is None:
             weight = 1.0 / ctx.config.max_num_batched_tokens
         return weight * tokens_to_prefill(seq) + seq.remaining_output_tokens(self.expected_output(ctx, seq))
-
-    @hookimpl(trylast=True)
-    def estimate_output_tokens(self, seq: Sequence) -> int:
-        stats = self.tenant_stats.get(seq.tenant)
-        if not stats:
-            return self.prior_output_tokens
-        return round(stats[0] / stats[1])
 
     # --- observers -----------------------------------------------------------------------------
 
@@ -159,17 +155,11 @@ class SRPT:
 
     @hookimpl
     def on_finished(self, seqs: list[Sequence]) -> None:
-        stats, expected, discard = self.tenant_stats, self.expected, self.queue.discard
+        expected, discard = self.expected, self.queue.discard
         for s in seqs:
             expected.pop(s, None)
             discard(s)
-            if s.finish_reason in _COMPLETED:
-                st = stats.get(s.tenant)
-                if st is None:
-                    stats[s.tenant] = [s.num_output_tokens, 1]
-                else:
-                    st[0] += s.num_output_tokens
-                    st[1] += 1
+        self.mean_lengths.on_finished(seqs)
 
     # --- decisions -----------------------------------------------------------------------------
 

@@ -100,3 +100,21 @@ def test_a_tiny_but_consistent_difference_is_not_printed_as_zero():
     lines = table.splitlines()
     verdict_line = lines[next(i for i, x in enumerate(lines) if x.startswith("E2E mean")) + 1]
     assert "worse" in verdict_line and "+0.002%" in verdict_line and "+0.0%" not in verdict_line
+
+
+def test_report_documents_carry_means_intervals_and_verdicts_where_the_report_reads_them(comparison):
+    from metroline.core.ab_report.tables import comparison_table, verdict_table
+    from metroline.core.paired import report_documents
+
+    shown = report_documents(comparison, [RUNS[p][0] for p in RUNS])
+    srpt = shown[1]
+    mean = comparison["policies"]["srpt"]["summary.e2e_s.mean"]["mean"]
+    assert srpt["summary"]["e2e_s"]["mean"] == mean["estimate"]
+    assert srpt["summary"]["ci"]["e2e_s"]["mean"] == mean
+    assert srpt["paired"]["E2E mean"]["verdict"] == "better" and srpt["baseline"] == "fcfs"
+    assert shown[0]["paired"] == {} and RUNS["srpt"][0]["summary"]["e2e_s"]["mean"] != mean["estimate"]
+    rows = comparison_table(shown, list(RUNS)).rows
+    e2e = next(r for r in rows if r[0].startswith("E2E mean"))
+    assert "[" in e2e[2]  # the interval is shown
+    verdicts = verdict_table(shown, list(RUNS)).rows
+    assert any(r[:3] == ["srpt", "fcfs", "E2E mean"] and r[-1] == "better" for r in verdicts)

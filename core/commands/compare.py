@@ -11,6 +11,7 @@ from .options import (
     check_output_paths, fit_config, make_executor, make_workload, measurement, resolve_options, user_fields,
     workload_seed,
 )
+from .outputs import check_report_folder, manifest_for, warn
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 """The shipped ordering policies: what `metroline compare` compares by default."""
@@ -38,6 +39,26 @@ def _own_options(configs: list[Any]) -> list[Any]:
             for c, names in zip(configs, loaded)]
 
 
+def policy_configs(policies: str, config: Any) -> tuple[list[str], list[Any]]:
+    """The labels of `--policies` (`a+b` stacks plugin b on policy a) and a config for each, with
+    the plugin options of the plugins it loads."""
+    labels = [p.strip() for p in policies.split(",") if p.strip()]
+    if not labels:
+        raise ValueError("--policies: give at least one policy")
+    configs = []
+    for label in labels:
+        policy, *stacked = label.split("+")
+        configs.append(config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]}))
+    return labels, _own_options(configs)
+
+
+def refuse_run_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags of `run` that a command of several policies does not take (`COMPARE_REFUSED`)."""
+    for key, why in COMPARE_REFUSED.items():
+        if getattr(args, key, None) is not None:
+            raise ValueError(f"--{key.replace('_', '-')}: {why}")
+
+
 def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[int], list[Any]]:
     """The K workload draws of `compare --seeds K`: seeds `seed`, `seed` + 1, ... (`seed` None: the
     workload's own seed, a spec file's or 0), each a synthetic workload drawn with its seed or a
@@ -51,26 +72,8 @@ def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[
     return seeds, [first, *(make_workload(run, s) for s in seeds[1:])]
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Run each policy of `--policies` on one workload (in parallel workers); print the comparison.
-    With `--seeds K`, on K draws of it, and print the paired comparison (`core/paired.py`)."""
-    from .. import report, result_files
-    from ..paired import format_paired_table, paired_comparison
-    from ..parallel import run_grid
-
-    for key, why in COMPARE_REFUSED.items():
-        if getattr(args, key, None) is not None:
-            raise ValueError(f"--{key.replace('_', '-')}: {why}")
-    config, run = resolve_options(args)
-    if config.debug:
-        log_to_stderr()
-    fields = user_fields(args, config)
-    check_output_paths(args)
-    labels = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not labels:
-        raise ValueError("--policies: give at least one policy")
-    if args.jobs is not None and args.jobs < 1:
-        raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
+def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
+    """The baseline of `--seeds` (`--baseline`, default the first policy), after checking the flags."""
     if args.seeds is not None and args.seeds < 2:
         raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
     if args.baseline is not None and args.seeds is None:
@@ -80,17 +83,39 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--baseline: {baseline!r} is not one of --policies ({', '.join(labels)})")
     if len(set(labels)) < len(labels) and args.seeds is not None:
         raise ValueError("--policies: a policy listed twice cannot be told apart in a comparison over seeds")
+    return baseline
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Run each policy of `--policies` on one workload (in parallel workers); print the comparison,
+    and warn when the load is too light or too heavy for the policies to differ. With `--seeds K`,
+    on K draws of the workload, and print the paired comparison (`core/paired.py`)."""
+    from .. import report, result_files
+    from ..load_check import check
+    from ..paired import format_paired_table, paired_comparison, report_documents
+    from ..parallel import run_many
+    from ..run_series import series_of
+    from ..slo import evaluate, parse_slo
+
+    refuse_run_flags(args)
+    config, run = resolve_options(args)
+    if config.debug:
+        log_to_stderr()
+    fields = user_fields(args, config)
+    check_output_paths(args)
+    check_report_folder(args)
+    bounds = parse_slo(args.slo) if args.slo else None
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
+    labels, configs = policy_configs(args.policies, config)
+    baseline = _check_seed_flags(args, labels)
     if args.seeds is None:
         seeds, workloads = None, [make_workload(run, workload_seed(config))]
     else:
         seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
-    configs = []
-    for label in labels:
-        policy, *stacked = label.split("+")
-        configs.append(config.model_copy(update={"policy": policy, "plugins": [*stacked, *config.plugins]}))
-    configs = _own_options(configs)
+    workload = workloads[0]
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
-    jobs, extra = args.jobs, {}
+    jobs, extra = args.jobs, {"ray": args.ray}
     if getattr(executor, "kv_bytes_per_token", None):
         # a real model: its KV geometry fits every config alike, and runs go one at a time (each
         # one's wall-clock timings must not share the cores with another)
@@ -99,18 +124,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
     close = getattr(executor, "close", None)
     if close is not None:
         close()
-    grid = run_grid(
-        workloads, configs, lambda: make_executor(run), jobs=jobs, labels=labels,
-        oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
-        measure=measurement(run), **extra,
+    manifest = manifest_for(args, config, run, workload, configs)
+    if seeds is not None:
+        manifest["seeds"]["workload"] = seeds
+    run_labels = labels if seeds is None else [f"{label}#{s}" for s in seeds for label in labels]
+    results = run_many(
+        [(w, c) for w in workloads for c in configs], lambda: make_executor(run), extract=series_of, jobs=jobs,
+        labels=run_labels, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
+        window_s=run.get("window", 60.0), measure=measurement(run), **extra,
     )
+    docs, series = [doc for doc, _ in results], [s for _, s in results]
+    if bounds:
+        for doc, s in zip(docs, series):
+            doc["slo"] = evaluate(s.records, bounds, doc["summary"]["duration_s"])
+    n = len(labels)
     if seeds is None:
-        report.print_comparison_table(grid[0])
-        if args.json:
-            result_files.write_json(args.json, {"runs": grid[0]})
-        return 0
-    comparison = paired_comparison({label: [row[c] for row in grid] for c, label in enumerate(labels)}, seeds, baseline)
-    print(format_paired_table(comparison), end="")
+        report.print_comparison_table(docs)
+    load = check([s.load for s in series[:n]], labels)  # of the first draw
+    warn(load)
+    result = {"runs": docs, "load_check": load, "manifest": manifest}
+    if seeds is not None:
+        by_policy = {label: docs[c::n] for c, label in enumerate(labels)}
+        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline)
+        print(format_paired_table(comparison), end="")
     if args.json:
-        result_files.write_json(args.json, {"runs": [doc for row in grid for doc in row], "comparison": comparison})
+        result_files.write_json(args.json, result)
+    if args.report:
+        from ..ab_report import write_compare_report
+
+        shown = result if seeds is None else {**result, "runs": report_documents(result["comparison"], docs[:n])}
+        print(f"report: {write_compare_report(args.report, shown, labels, series[:n]) / 'report.html'}")
     return 0
