@@ -13,16 +13,10 @@ from metroline import cli
 from metroline.core.paired import metric_value
 from metroline.core.traces import load_azure
 from metroline.core.workloads import build_workload
+from test_manifest import SPEC  # a spec file's text: seed 7, rate 40.0
 
 SMALL = ["--workload", "chat", "--max-requests", "80", "--max-num-seqs", "16", "--no-progress"]
 
-SPEC = """num_requests = 60
-rate = 40.0
-prompt_len = { dist = "uniform", low = 8, high = 64 }
-output_len = { dist = "uniform", low = 4, high = 40 }
-tenants = { a = 0.5, b = 0.5 }
-seed = 7
-"""
 
 
 def main(*argv) -> int:
