@@ -162,14 +162,15 @@ class MetricsCollector:
         Cheap on the hot path: the counts are recounted only when the running set can have
         changed since the last step (something was admitted, preempted or forked, or its length
         changed: a sequence leaves it only by preemption or by ending), and only when requests of
-        more than one tenant were submitted (`note_tenant`; with one, its count is `len(running)`)."""
+        more than one tenant were submitted (`note_tenant`; with one, its count is `len(running)`).
+        Call once per recorded step, after `record_step`."""
         if plan.admitted or plan.preempted or plan.forked or len(running) != self._num_running:
             self._num_running = len(running)
             tenants = self._tenants
-            if len(tenants) > 1:
+            if len(tenants) == 1:
+                self._counts = dict.fromkeys(tenants, len(running)) if running else {}
+            else:  # several tenants (or sequences that came in without `note_tenant`)
                 self._counts = dict(Counter(map(_tenant_of, running)))
-            else:
-                self._counts = {t: len(running) for t in tenants} if running else {}
         self._append_running(self._counts)
 
     def record_finished(self, seq: Sequence) -> None:
