@@ -32,6 +32,8 @@ from .sequence import FinishReason
 from .serving.backpressure import Backpressure
 from .serving.streams import Choice, Rejected, RequestStream
 
+_SPIN = 0.001  # seconds before a step's end at which the loop stops sleeping on a timer (`_step`)
+
 __all__ = ["AsyncEngine", "Choice", "Rejected", "RequestStream"]
 
 
@@ -247,9 +249,10 @@ class AsyncEngine:
         outputs = engine.step()
         executor = engine.executor
         if not engine.last_plan_empty:
-            # the loop's timers are coarse (uvloop: 1 ms): never hand tokens out before their time
+            # the loop's timers are coarse (uvloop: 1 ms): a timer until `_SPIN` before the end,
+            # then yield to the loop (it still serves I/O) until the end: tokens go out on time
             while (left := executor.ready_at - executor.now()) > 0:
-                await asyncio.sleep(left)
+                await asyncio.sleep(left - _SPIN if left > _SPIN else 0)
         return outputs
 
     async def _run(self) -> None:
