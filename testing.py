@@ -1,11 +1,11 @@
 """Conformance checks for plugin authors: run a plugin on built-in workloads and check the contract.
 
-```python
-from metroline.testing import check_plugin
+In a test of the plugin's package::
 
-def test_my_plugin_conforms():
-    check_plugin("mypkg.quota:TenantQuota", options={"default_max_running": 4})
-```
+    from metroline.testing import check_plugin
+
+    def test_my_plugin_conforms():
+        check_plugin("mypkg.quota:TenantQuota", options={"default_max_running": 4})
 
 `check_plugin` runs the plugin (as the base policy when it answers `admission` itself, else stacked
 on `base`) on small built-in workloads with a KV pool small enough to force preemption, in each
