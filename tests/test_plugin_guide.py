@@ -420,3 +420,22 @@ def test_every_block_is_run():
         claims = [c for c in COMMANDS if all(w in line for w in c)]
         assert len(claims) == 1, f"a command no test runs (or two claim): {line}"
     assert len(FILES) == len([b for _, b in BLOCKS if b.startswith("# file: ")])  # no path twice
+
+
+@pytest.mark.slow
+def test_the_package_really_installs(guide, tmp_path):
+    """pip builds acme-tenants from the guide's pyproject.toml (setuptools, fetched by pip's build
+    isolation) and installs it; `metroline plugins` then finds it by its entry point alone."""
+    target = tmp_path / "installed"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(guide / "acme-tenants")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(target)}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "metroline"), *shlex.split(command("plugins", "acme_tenants"))[1:]],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    ).stdout
+    assert "entry points: acme_tenants (acme_tenants.plugin:AcmeTenants)" in out
+    assert re.search(r"^  acme_tenants\s+admission", out, re.M)
