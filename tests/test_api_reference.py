@@ -13,7 +13,8 @@ import pytest
 
 from metroline import testing
 from metroline.core import budget, candidates, context, hookspecs, inflight, lazy_heap, plan, preemption
-from metroline.core import queue_order, request, sequence, victims
+from metroline.core import queue_order, request, sequence, victims, workload_generators, workload_items
+from metroline.core import workload_specs
 from metroline.core.plugin_loader import HOOK_NAMES
 
 DOCS = Path(__file__).parents[1] / "docs"
@@ -57,10 +58,11 @@ PLUGIN_CLASSES = [
 PLUGIN_FUNCTIONS = [
     candidates.close_candidates, preemption.is_protected, lazy_heap.arrival_key, queue_order.queued_in_order,
     victims.last_admitted, victims.last_admitted_victim, inflight.missing_blocks, testing.check_plugin,
+    workload_specs.load_spec, workload_generators.generate,
 ]
 OTHER_NAMES = [
     lazy_heap.ArrivalQueue, testing.ConformanceError, testing.ConformanceReport, sequence.SeqState,
-    sequence.FinishReason,
+    sequence.FinishReason, workload_items.Workload,
 ]
 
 
@@ -98,9 +100,11 @@ def test_every_public_member_of_what_plugins_touch_is_in_the_reference(built):
     assert not missing, f"not in the API reference: {missing}"
 
 
-def test_every_field_of_a_request_is_in_the_reference(built):
+def test_every_field_of_a_request_and_a_workload_spec_is_in_the_reference(built):
     documented = entries(built)
-    for model in (request.Request, request.SamplingParams):
+    models = (request.Request, request.SamplingParams, workload_specs.SyntheticSpec, workload_specs.FixedLength,
+              workload_specs.UniformLength, workload_specs.LognormalLength)
+    for model in models:
         assert qualified(model) in documented
         missing = [f for f in model.model_fields if f"{qualified(model)}.{f}" not in documented]
         assert not missing, f"{model.__name__} fields not in the API reference: {missing}"

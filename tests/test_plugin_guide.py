@@ -22,7 +22,7 @@ import pytest
 
 from metroline.core.config import EngineConfig
 from metroline.core.engine import Engine
-from metroline.core.errors import PluginError
+from metroline.core.errors import PluginError, PluginLoadError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.request import Request, SamplingParams
 from metroline.core.runner import run_workload
@@ -130,6 +130,8 @@ def test_quiet_batch_admits_batch_only_while_half_the_pool_is_free(guide, on_pat
     assert doc["summary"]["completed"] == doc["summary"]["requests"]
     assert batch_steps and batch_steps <= roomy_steps
     assert roomy_steps != set(range(1, doc["summary"]["steps"] + 1))  # the pool was busy at times
+    with pytest.raises(PluginLoadError, match="quiet_batch"):  # an unknown option names the plugin
+        Engine(EngineConfig(policy="fcfs", plugins=["quiet_batch:QuietBatch"], plugin_options={"quiet_batch": {"tenat": "x"}}))
 
 
 # --- a platform plugin, packaged -----------------------------------------------------------------
