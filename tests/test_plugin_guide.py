@@ -250,7 +250,7 @@ def test_looping_over_ctx_waiting_fails_as_the_guide_shows(on_path):
 
 
 def test_queued_in_order_is_pulled_only_as_far_as_the_scheduler_looks(on_path):
-    from small_first_when_busy import SmallFirstWhenBusy
+    from small_when_busy import SmallWhenBusy
 
     pulled, admitted = Counter(), Counter()
 
@@ -274,7 +274,7 @@ def test_queued_in_order_is_pulled_only_as_far_as_the_scheduler_looks(on_path):
             admitted[ctx.step] += sum(s.parent is None for s in seqs)
 
     engine = Engine(
-        EngineConfig(policy="small_first_when_busy:SmallFirstWhenBusy", max_num_seqs=8, num_blocks=256), plugins=[Count()]
+        EngineConfig(policy="small_when_busy:SmallWhenBusy", max_num_seqs=8, num_blocks=256), plugins=[Count()]
     )
     for i in range(5000):
         engine.add_request(Request(prompt_token_ids=[1] * (64 + i % 400), sampling=SamplingParams(max_new_tokens=4)))
@@ -325,7 +325,8 @@ def test_the_stack_of_estimators_answers_as_the_guide_says(guide, on_path):
     line = command("lengths:")
     out = shell(guide, line)
     listed = re.findall(r"^  (\w+)\s", out, re.M)
-    assert listed == ["count_fallbacks", "clamp_length", "fallback_length", "hint_length", "hrrn", "defaults"]
+    assert listed == ["count_fallbacks", "clamp_length", "fallback_length", "hint_length", "batch_is_long", "hrrn",
+                      "defaults"]
     from lengths import CountFallbacks
 
     args = shlex.split(line)
@@ -335,9 +336,11 @@ def test_the_stack_of_estimators_answers_as_the_guide_says(guide, on_path):
     engine = Engine(EngineConfig(policy=policy, plugins=stacked), plugins=[watcher])
     ctx = engine.scheduler.ctx
     asked = ctx.hooks.estimate_output_tokens
-    answers = [asked(ctx=ctx, seq=Sequence("r", [1, 2], SamplingParams(), 0.0, expected_output_tokens=hint))
-               for hint in (None, 10, 5000)]
-    assert answers == [128, 10, 1024]
+    answers = [
+        asked(ctx=ctx, seq=Sequence("r", [1, 2], SamplingParams(), 0.0, tenant=tenant, expected_output_tokens=hint))
+        for tenant, hint in (("chat", None), ("chat", 10), ("chat", 5000), ("batch", 10), ("batch", None))
+    ]
+    assert answers == [128, 10, 1024, 1024, 1024]
     assert watcher.fallbacks == 1
 
 
