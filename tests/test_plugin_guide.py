@@ -354,9 +354,10 @@ def test_the_conformance_tests_of_the_guide_pass(guide):
 
 
 def test_a_bad_victim_fails_the_suite_naming_plugin_and_hook(on_path):
+    (snippet,) = [b for lang, b in BLOCKS if lang == "python" and "BadVictim\")" in b]
+    exec(snippet, {})
     with pytest.raises(ConformanceError) as err:
         check_plugin("bad_victim:BadVictim")
-    assert "plugin 'bad_victim', hook 'select_victim'" in str(err.value)
     assert "is not a running sequence" in str(err.value)
 
 
@@ -404,7 +405,7 @@ def test_the_reference_build_command_is_the_one_ci_runs():
     assert {r.split(">")[0] for r in extras["docs"]} <= {r.split(">")[0] for r in extras["test"]}
 
 
-SNIPPETS = {"python": ["recorder = Recorder()"], "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"]}
+SNIPPETS = {"python": ["recorder = Recorder()", "BadVictim\")"], "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"]}
 COMMANDS = [
     ("quiet_batch:QuietBatch",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
     ("compare", "acme_tenants"), ("hrrn:HRRN", "compare"), ("las:LAS", "compare"), ("lengths:",),
