@@ -1,24 +1,30 @@
 """The `metroline` command: `run` a workload under a policy, `compare` policies, `generate` text with
-a real model, `calibrate` the simulator against it, list `plugins` and `workloads`, `serve` HTTP.
+a real model, `calibrate` the simulator against it, list `plugins` and `workloads`, `serve` HTTP,
+`sweep` policies across arrival rates, `replay` a result document.
 
 This module parses the command line (argparse) and calls the command's body in `core/commands/`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from pydantic import ValidationError
 
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.compare import POLICIES, cmd_compare
-from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, run_flags
+from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, run_flags, slo_flag, sweep_flags
 from .core.commands.generate import cmd_generate
 from .core.commands.listing import cmd_plugins, cmd_workloads
 from .core.commands.options import RUN_KEYS, fit_config, resolve_options
+from .core.commands.replay import cmd_replay
 from .core.commands.run import cmd_run
 from .core.commands.serve import cmd_serve
+from .core.commands.sweep import cmd_sweep
 
 __all__ = ["POLICIES", "RUN_KEYS", "build_parser", "fit_config", "main", "resolve_options"]
 
@@ -50,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "1 runs them one by one here); the results do not depend on it")
     engine_flags(compare, compare=True)
     run_flags(compare, compare=True)
+    slo_flag(compare)
+    sweep = sub.add_parser("sweep", help="run policies across arrival rates: SLO attainment, goodput, capacity at SLO")
+    sweep.add_argument("--policies", default=",".join(POLICIES),
+                       help=f"comma-separated policies, as for compare (default: {','.join(POLICIES)})")
+    sweep.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: one per core)")
+    engine_flags(sweep, compare=True)
+    run_flags(sweep, compare=True)
+    sweep_flags(sweep)
+    replay = sub.add_parser("replay", help="rerun a result document's command (its manifest) and say whether "
+                            "the result matches")
+    replay.add_argument("file", metavar="FILE", help="a result document written with --json")
     plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
     engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
@@ -80,13 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         argv = ["run"]
     args = parser.parse_args(argv)
-    commands = {"run": cmd_run, "compare": cmd_compare, "plugins": cmd_plugins, "workloads": cmd_workloads,
-                "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate}
+    args.argv = list(argv)  # for the manifest of a result document
     from .core.diagnostics import validation_message
     from .core.errors import NoProgressError, PluginError
 
     try:
-        return commands[args.command or "run"](args)
+        return COMMANDS[args.command or "run"](args)
     except ValidationError as exc:
         message = validation_message(exc, lambda key: exc.title)
     except (ValueError, PluginError, NoProgressError, OSError) as exc:
@@ -99,6 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         message = f"internal error {type(exc).__name__}: {exc} (please report it with the command line)"
     print(f"metroline: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
+
+
+def rerun(argv: list[str], out: Path) -> None:
+    """Run the command line `argv` (a manifest's) again, its result document to `out` and its
+    other outputs (tables, report, CSVs, progress) left out; errors propagate."""
+    args = build_parser().parse_args(argv)
+    for key in ("report", "requests_csv", "steps_csv", "outputs"):
+        if hasattr(args, key):
+            setattr(args, key, None)
+    args.json, args.progress, args.argv = str(out), False, list(argv)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        COMMANDS[args.command or "run"](args)
+
+
+COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "plugins": cmd_plugins,
+            "workloads": cmd_workloads, "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate,
+            "replay": lambda args: cmd_replay(args, rerun)}
+"""The body of each command."""
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def metroline_figures(args: argparse.Namespace) -> dict:
         scheduler.commit(plan)
         engine._sample(plan, result.logits, result.time, None)
         engine._record_step(plan, result.time, start)
-        scheduler.hook.on_step_end(ctx=scheduler.ctx, plan=plan)
+        engine.plugins.hook.on_step_end(ctx=scheduler.ctx, plan=plan)
         return t1 - t0, len(plan.scheduled), len(plan.preempted)
 
     run(WARMUP_STEPS, whole_step)

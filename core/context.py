@@ -24,14 +24,14 @@ class StepContext:
       order, waiting and swapped in the order they got there); support `len`, `in` and iteration
     - `num_free_blocks()`: KV blocks allocatable now (free and evictable cached ones)
     - `block_size`, `num_blocks`
-    - `hooks`: the hook relay, for a plugin that asks other plugins (e.g. `srpt` calls
-      `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)`)
+    - `hook`: the hook relay (`PluginManager.hook`), for a plugin that asks other plugins (e.g.
+      `srpt` calls `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)`)
     - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
 
     One thing plugins may set: `wake_at(t)` (see there).
     """
 
-    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hooks", "wakeup", "_pool")
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool")
 
     def __init__(
         self,
@@ -48,7 +48,7 @@ class StepContext:
         self.waiting = waiting.keys()
         self.swapped = swapped.keys()
         self._pool = pool
-        self.hooks = None
+        self.hook = None
         self.wakeup: float | None = None
 
     def wake_at(self, t: float) -> None:

@@ -2,67 +2,30 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..kv_backends.block_pool import BlockPool
-from .config import EngineConfig
-from .answers import tokens_problem
-from .detokenizer import Detokenizer
-from .errors import NoProgressError, PluginError, RequestRefused
-from .metrics import MetricsCollector
-from .plugins import PluginManager
-from .request import Request, engine_limit_problem, length_problem
 from . import recovery
+from .answers import tokens_problem
+from .config import EngineConfig
+from .detokenizer import Detokenizer
+from .errors import NoProgressError, PluginError
+from .forking import with_rows
+from .intake import Intake, validation_context
+from .metrics import MetricsCollector
+from .outputs import Appender, RequestOutput
+from .plan import StepPlan, StepResult
+from .plugins import PluginManager
+from .request import Request
 from .scheduler import Scheduler
-from .sequence import FinishReason, SeqState, Sequence
+from .sequence import SWAPPED, FinishReason, Sequence
+from .stall import is_stalled, stall_error
+
+__all__ = ["Engine", "RequestOutput"]
 
 
-class RequestOutput:
-    """What one step produced for one sequence: its new token, or its end.
-
-    `token_ids` is the whole output so far; `index` tells the samples of an `n > 1` request apart.
-    """
-
-    __slots__ = ("seq", "new_token_ids", "finished")
-
-    def __init__(self, seq: Sequence, new_token_ids: list[int], finished: bool) -> None:
-        self.seq = seq
-        self.new_token_ids = new_token_ids
-        self.finished = finished
-
-    @property
-    def request_id(self) -> str:
-        return self.seq.request_id
-
-    @property
-    def index(self) -> int:
-        return self.seq.index
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.output_token_ids
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self.seq.finish_reason
-
-    @property
-    def text(self) -> str | None:
-        """The detokenised output so far (None when the executor has no tokenizer)."""
-        return self.seq.text
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestOutput({self.seq.seq_id!r}, new={self.new_token_ids}, finished={self.finished}, "
-            f"reason={self.finish_reason})"
-        )
-
-
-class Engine:
+class Engine(Intake):
     """A continuous-batching engine: a scheduler with its plugins, a KV pool and an executor.
 
     ```python
@@ -117,123 +80,33 @@ class Engine:
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra)
-        self._check_request = self.plugins.has_impls("check_request")
+        self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
+        self._appender = Appender(self.scheduler, self.eos_token_id, config.max_model_len, self.detokenizer)
         self.metrics = MetricsCollector(config.max_num_seqs)
         self._requests: dict[str, list[Sequence]] = {}
         self.retain_finished = retain_finished
         self._arrivals = 0
-        self._parallel_sampling = False  # a request with n > 1 arrived: check for forks when sampling
         self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
         self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
+        self._cancelled: list[Sequence] = []  # reaped by `abort`, their ends not reported yet
+        self._reap_error: PluginError | None = None  # an `on_finished` error met by `abort`
         self.last_plan_empty = False
         self.last_step_progressed = False
         """Whether the last step computed a token past some request's previous high-water mark
         (`Sequence.max_computed`); preemptions and recomputation are not progress."""
-        self._validation_context = {
-            "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
-            "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer is not None,
-        }
-        vocab = getattr(executor, "vocab_size", None)
+        self._validation_context = validation_context(config, executor, tokenizer is not None)
+        vocab = self._validation_context.get("vocab_size")
         self._vocab_size = vocab if isinstance(vocab, int) else None
-        if vocab is not None:
-            self._validation_context["vocab_size"] = vocab
-        model_len = getattr(executor, "max_model_len", None)
-        if model_len is not None and model_len < config.max_model_len:
-            self._validation_context["max_model_len"] = model_len
-
-    # --- requests ----------------------------------------------------------------------------
-
-    def validate(self, request: Request | dict[str, Any]) -> Request:
-        """Validate a request against this engine's limits; raises pydantic's `ValidationError`
-        naming the field and the limit."""
-        if isinstance(request, Request):
-            if engine_limit_problem(request, self._validation_context) is None:
-                return request
-            request = request.model_dump()  # validate again, for the ValidationError
-        return Request.model_validate(request, context=self._validation_context)
-
-    def add_request(self, request: Request | dict[str, Any]) -> str:
-        """Queue a request; returns its id. An invalid request raises `ValidationError`, one that
-        a plugin says could never run (the `check_request` hook) raises `RequestRefused`; either
-        leaves the engine untouched.
-
-        A request whose `arrival_time` lies ahead of the engine's clock waits until the clock gets
-        there (`stream` and `run` move an idle clock to it) before the policies hear of it."""
-        req = self.validate(request)
-        if req.request_id in self._requests:
-            raise ValueError(f"request_id {req.request_id!r} is already in use")
-        now = self.executor.now()
-        arrival = req.arrival_time if req.arrival_time is not None else now
-        seq = Sequence.from_request(req, arrival, self._arrivals)
-        if self._check_request:
-            reason = self.plugins.refusal(self.scheduler.ctx, seq)
-            if reason is not None:
-                raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
-        self._arrivals += 1
-        if req.sampling.n > 1:
-            self._parallel_sampling = True
-        self._requests[req.request_id] = [seq]
-        if arrival > now:
-            heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))
-        else:
-            self._add(seq)
-        return req.request_id
-
-    def _release_arrivals(self, now: float) -> None:
-        pending = self._pending
-        while pending and pending[0][0] <= now:
-            self._add(heapq.heappop(pending)[2])
-
-    def _add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
-        self._arrived.append(seq)
-
-    def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
-        """Why a request of these lengths could never run on this engine, or None: the check of
-        `add_request` that needs no tokens, so a caller can refuse a huge prompt before making it."""
-        return length_problem(prompt_len, max_new_tokens, n, self._validation_context)
-
-    def reject(self, request: Any, error: ValidationError | Exception) -> None:
-        """Record a request that failed validation (it counts as `rejected` in the metrics)."""
-        get = request.get if isinstance(request, dict) else lambda k, d=None: getattr(request, k, d)
-        prompt = get("prompt_token_ids") or ()
-        self.metrics.record_rejected(
-            str(get("request_id", "?")), str(get("tenant", "default")), int(get("priority", 0) or 0),
-            float(get("arrival_time", None) or self.executor.now()), len(prompt), str(error),
-        )
-
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request in any state; its blocks are freed at the next step. False if it is
-        unknown or already finished."""
-        seqs = self._all_seqs(self._requests.get(request_id, []))
-        if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
-            return False
-        now = self.executor.now()
-        for seq in seqs:
-            if any(p[2] is seq for p in self._pending):  # not arrived yet: it arrives, cancelled
-                self._pending = [p for p in self._pending if p[2] is not seq]
-                heapq.heapify(self._pending)
-                self._add(seq)
-            self.scheduler.finish(seq, FinishReason.CANCELLED, now)
-        return True
-
-    def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        """The sequences of a request (one, or `n` for parallel sampling)."""
-        return self._all_seqs(self._requests[request_id])
-
-    @staticmethod
-    def _all_seqs(seqs: list[Sequence]) -> list[Sequence]:
-        return [s for head in seqs for s in (head, *head.children)]
 
     # --- the loop ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step: reap, schedule, execute, sample, append. Returns what it produced.
+        """Run one step and return what it produced: the ends of the requests cancelled since the
+        last step; the plan (arrivals, budget split, running served, waiting admitted); the
+        executor's forward; the sampled tokens appended and checked for stops; the reap of the
+        requests that ended. See `_step` for the phases and the observers each calls.
 
         A `PluginError` ends the step's requests as failed (their blocks freed) before it is
         raised, so the engine may be stepped again (see `core/recovery.py`)."""
@@ -246,53 +119,79 @@ class Engine:
         self._step(None)
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
-        scheduler = self.scheduler
-        ended = self._reap()
-        if outputs is not None:
-            outputs.extend(RequestOutput(s, [], True) for s in ended)
-        now = self.executor.now()
-        if self._pending:
-            self._release_arrivals(now)
-        arrived, self._arrived = self._arrived, []
-        try:
-            plan = scheduler.schedule(now)
-        except PluginError as exc:
-            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
-            self._reap_after(exc, recovery.in_flight(live, arrived), now)
-            raise
+        """One step, the phases of DESIGN.md's "One step" (observers in parentheses)."""
+        self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
+        now = self._arrive()  # submitted requests whose arrival time came join the waiting queue
+        plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
         if self.last_plan_empty:
+            self._end_step(plan, now)  # (on_step_end: an empty step ends too)
             return
-        try:
-            result = self.executor.execute(plan)
-        except Exception as exc:
-            # the step's requests fail (their blocks are freed at the reap); the others go on
-            error = f"{type(exc).__name__}: {exc}"
-            for seq in (*plan.scheduled, *(s for s in plan.preempted if s.state is SeqState.SWAPPED)):
-                scheduler.finish(seq, FinishReason.FAILED, now, error)
-            self._record_step(plan, now, now)
-            ended = self._reap()
-            if outputs is not None:
-                outputs.extend(RequestOutput(s, [], True) for s in ended)
+        result = self._execute(plan, now, outputs)  # execute: the forward, or failed requests
+        if result is None:
             return
-        self.last_step_progressed = scheduler.progresses(plan)
-        scheduler.commit(plan)
+        self.last_step_progressed = self.scheduler.progresses(plan)
+        self.scheduler.commit(plan)  # commit: the scheduled sequences advance
         try:
-            self._sample(plan, result.logits, result.time, outputs)
+            self._sample(plan, result.logits, result.time, outputs)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
             self._reap_after(exc, recovery.of_plan(plan), result.time)
             raise
         self._record_step(plan, result.time, now)
-        hook = scheduler.hook.on_step_end
+        self._end_step(plan, result.time)  # (on_step_end)
+        self._reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
+
+    def _report_cancelled(self, outputs: list[RequestOutput] | None) -> None:
+        cancelled, self._cancelled = self._cancelled, []
+        self._output_ended(cancelled, outputs)
+        if self._reap_error is not None:
+            error, self._reap_error = self._reap_error, None
+            raise error
+
+    def _arrive(self) -> float:
+        """Release the submitted requests whose arrival time the clock reached; returns the clock."""
+        now = self.executor.now()
+        if self._pending:
+            self._release_arrivals(now)
+        return now
+
+    def _schedule(self, now: float) -> StepPlan:
+        """The scheduler's plan; a `PluginError` fails the requests it may have left in doubt."""
+        arrived, self._arrived = self._arrived, []
+        try:
+            return self.scheduler.schedule(now)
+        except PluginError as exc:
+            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
+            self._reap_after(exc, recovery.in_flight(live, arrived), now)
+            raise
+
+    def _execute(self, plan: StepPlan, now: float, outputs: list[RequestOutput] | None) -> StepResult | None:
+        """Run the plan; when the executor raises, the step's requests fail (their blocks are freed
+        now) and the others go on: None."""
+        try:
+            return self.executor.execute(plan)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            for seq in (*plan.scheduled, *plan.forked, *(s for s in plan.preempted if s.state is SWAPPED)):
+                self.scheduler.finish(seq, FinishReason.FAILED, now, error)
+            self._record_step(plan, now, now)
+            self._output_ended(self._reap(), outputs)
+            return None
+
+    def _end_step(self, plan: StepPlan, now: float) -> None:
+        hook = self.plugins.hook.on_step_end
         if hook.get_hookimpls():
             try:
-                hook(ctx=scheduler.ctx, plan=plan)
+                hook(ctx=self.scheduler.ctx, plan=plan)
             except PluginError as exc:
-                self._reap_after(exc, recovery.of_plan(plan), result.time)
+                self._reap_after(exc, recovery.of_plan(plan), now)
                 raise
-        self._reap()  # those that just finished were reported with their last token
+
+    def _output_ended(self, ended: list[Sequence], outputs: list[RequestOutput] | None) -> None:
+        if outputs is not None and ended:
+            outputs.extend(RequestOutput(s, [], True) for s in ended)
 
     def _reap_after(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> None:
         """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now."""
@@ -319,76 +218,22 @@ class Engine:
                 if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
                     del requests[seq.request_id]
 
-    def _sample(self, plan: Any, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+    def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+        """Sample the next token of each of the plan's `sample_seqs` (then of the samples forked in
+        this step, from their parents' rows), append it, check the stop conditions, stream."""
         seqs = plan.sample_seqs
+        if plan.forked:
+            seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
         if not seqs:
             return
-        scheduler = self.scheduler
-        if self._parallel_sampling:
-            seqs, logits = self._fork(seqs, logits)
-        eos, max_len, detok = self.eos_token_id, self.config.max_model_len, self.detokenizer
-        tokens = scheduler.hook.sample(ctx=scheduler.ctx, seqs=seqs, logits=logits, eos_token_id=eos)
+        hook, ctx = self.plugins.hook, self.scheduler.ctx
+        tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
         if problem is not None:
             raise self.plugins.invalid("sample", problem)
-        for seq, tok in zip(seqs, tokens):
-            token_ids = seq.token_ids
-            token_ids.append(tok)
-            seq.token_times.append(now)
-            if seq.first_token_time is None:
-                seq.first_token_time = seq.prefill_done_time = now
-            p = seq.sampling
-            n = len(token_ids)
-            if (
-                detok is not None or n - seq.num_prompt_tokens >= p.max_new_tokens or n >= max_len
-                or tok == eos or p.stop_token_ids
-            ) and self._stop(seq, tok, now):
-                if outputs is not None:
-                    outputs.append(RequestOutput(seq, [tok], True))
-            elif outputs is not None:
-                outputs.append(RequestOutput(seq, [tok], False))
-        hook = scheduler.hook.on_tokens
-        if hook.get_hookimpls():
-            hook(ctx=scheduler.ctx, seqs=seqs)
-
-    def _stop(self, seq: Sequence, tok: int, now: float) -> bool:
-        """End `seq` if its new token `tok` stops it (stop token or string, EOS, or length); True if
-        so. Before `min_tokens` outputs only the length stops it; with a tokenizer the new token is
-        detokenised here (every token, so `seq.text` grows)."""
-        p = seq.sampling
-        num_out = seq.num_output_tokens
-        stops = num_out >= p.min_tokens
-        detok = self.detokenizer
-        stop_hit = detok is not None and detok.append(seq, p.stop if stops else ())
-        reason = None
-        if stops:
-            if tok in p.stop_token_ids or stop_hit:
-                reason = FinishReason.STOP
-            elif tok == self.eos_token_id and not p.ignore_eos:
-                reason = FinishReason.EOS
-        if reason is None and (num_out >= p.max_new_tokens or len(seq.token_ids) >= self.config.max_model_len):
-            reason = FinishReason.LENGTH
-        if reason is None:
-            return False
-        self.scheduler.finish(seq, reason, now)
-        return True
-
-    def _fork(self, seqs: list[Sequence], logits: Any) -> tuple[list[Sequence], Any]:
-        """Fork the `n > 1` requests whose first token this step samples: their children join
-        `seqs`, each with its parent's row of logits."""
-        scheduler = self.scheduler
-        forked: list[Sequence] = []
-        for seq in seqs:
-            if seq.sampling.n > 1 and seq.index == 0 and not seq.children and seq.num_output_tokens == 0:
-                forked.extend(scheduler.fork(seq, seq.sampling.n))
-        if not forked:
-            return seqs, logits
-        rows = list(range(len(seqs))) + [seqs.index(c.parent) for c in forked]
-        seqs = seqs + forked
-        if logits is not None:
-            logits = logits[rows] if hasattr(logits, "dim") else [logits[i] for i in rows]
-        scheduler.hook.on_admitted(ctx=scheduler.ctx, seqs=forked)
-        return seqs, logits
+        self._appender.append(seqs, tokens, now, outputs)
+        if hook.on_tokens.get_hookimpls():
+            hook.on_tokens(ctx=ctx, seqs=seqs)
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
@@ -418,13 +263,8 @@ class Engine:
                 raise self.stalled(idle)
 
     def is_stalled(self, steps: int, max_idle_steps: int) -> bool:
-        """Whether `steps` steps in a row without progress are a stall: `max_idle_steps` when the
-        last step scheduled nothing; when it scheduled something (recomputation after a
-        preemption is not progress, and recomputing all the KV the pool holds, one token a step,
-        takes up to `num_blocks * block_size` steps), that many more."""
-        if steps < max_idle_steps:
-            return False
-        return self.last_plan_empty or steps >= max_idle_steps + self.config.max_kv_tokens
+        """Whether `steps` steps in a row without progress are a stall (see `core/stall.py`)."""
+        return is_stalled(steps, max_idle_steps, self.last_plan_empty, self.config.max_kv_tokens)
 
     def idle(self, next_arrival: float | None = None) -> None:
         """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
@@ -437,32 +277,8 @@ class Engine:
 
     def stalled(self, steps: int) -> NoProgressError:
         """The error for `steps` steps in a row without progress while requests wait: names the
-        plugins, the oldest stuck requests (state, tokens and blocks needed against the pool) and
-        why they cannot run."""
-        s, pool = self.scheduler, self.pool
-        what = "scheduled nothing" if self.last_plan_empty else "made no progress (only preemption and recomputation)"
-        stuck = sorted((*s.running, *s.waiting, *s.swapped), key=lambda q: (q.arrival_no, q.index))
-        details = []
-        for q in stuck[:3]:
-            need = -(-(len(q.token_ids) + q.sampling.max_new_tokens - q.num_output_tokens) // pool.block_size)
-            if need > pool.num_blocks:
-                why = "it does not fit in the pool on its own"
-            elif self.last_plan_empty and not s.last_offered:
-                why = "admission offered nothing and nothing runs"
-            elif self.last_plan_empty:
-                why = "the budget split or a plugin's gate gave it no tokens"
-            else:
-                why = f"preempted {q.num_preemptions} times"
-            details.append(
-                f"{q.seq_id} {q.state.name.lower()} needs {need} blocks of {pool.block_size} tokens "
-                f"(pool {pool.num_blocks}, {pool.num_free_blocks()} free): {why}"
-            )
-        return NoProgressError(
-            f"{steps} steps {what} with {len(s.running)} running, {len(s.waiting)} "
-            f"waiting and {len(s.swapped)} swapped requests: check the plugins' admission, "
-            f"select_victim and split_budget ({', '.join(self.plugins.names())}); oldest: "
-            + "; ".join(details)
-        )
+        plugins, the oldest stuck requests and why they cannot run (see `core/stall.py`)."""
+        return stall_error(self, steps)
 
     def run(self) -> dict[str, list[Sequence]]:
         """Step until every request has ended; returns each request's sequences."""

@@ -60,16 +60,8 @@ def fairness(
     a tenant waited there). So memory and time follow the records, not the run's span over
     `window_s` (two requests a day apart with 1 ms windows make a handful of windows).
     """
-    if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
-        raise ValueError(f"window_s must be a number > 0, got {window_s!r}")
-    for label, w in (("w_in", w_in), ("w_out", w_out)):
-        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-            raise ValueError(f"{label} must be a number >= 0, got {w!r}")
+    _check_arguments(window_s, w_in, w_out, weights)
     weights = dict(weights or {})
-    for tenant, w in weights.items():
-        if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
-            raise ValueError(f"weights[{tenant!r}] must be a number > 0, got {w!r}")
-
     served = [r for r in records if r.finish_s is not None and r.finish_reason != REJECTED]
     doc: dict[str, Any] = {
         "window_s": float(window_s), "w_in": w_in, "w_out": w_out, "weights": weights,
@@ -77,15 +69,64 @@ def fairness(
     }
     if not served:
         return doc
-    start = min(r.arrival_s for r in served)
-    end = max(r.finish_s for r in served)
-    ratio = (end - start) / window_s
-    if not math.isfinite(ratio):
-        raise ValueError(f"window_s {window_s!r}: the run's span of {end - start!r} s holds too many windows")
-    n = max(1, math.ceil(ratio))
+    grid = _Grid(min(r.arrival_s for r in served), max(r.finish_s for r in served), window_s)
+    tenants = sorted({r.tenant for r in served})
+    inputs, outputs, waits = _tally(served, grid, tenants)
+    keys = sorted({*inputs, *outputs, *(w[0] for w in waits), *(w[1] for w in waits)})
+    backlogged = _backlogged(keys, waits)
+    windows, jains, gaps = [], [], []
+    zeros = dict.fromkeys(tenants, 0)
+    for k in keys:
+        ins, outs = inputs.get(k, zeros), outputs.get(k, zeros)
+        service = {t: w_in * ins[t] + w_out * outs[t] for t in tenants}
+        active = backlogged[k]
+        xs = [service[t] / weights.get(t, 1.0) for t in active]
+        jain = _jain(xs) if xs else None
+        gap = max(xs) - min(xs) if xs else None
+        if jain is not None:
+            jains.append(jain)
+        if gap is not None:
+            gaps.append(gap)
+        windows.append({
+            "start_s": grid.start_of(k), "end_s": grid.end_of(k),
+            "input": dict(ins), "output": dict(outs), "service": service, "backlogged": active,
+            "jain": jain, "max_service_gap": gap,
+        })
+    if _windows_waited(waits) > sum(1 for k in keys if backlogged[k]):
+        gaps.append(0.0)  # a window left out where tenants only waited: nobody served, gap 0
+    doc.update(
+        windows=windows,
+        min_jain=min(jains) if jains else None,
+        mean_jain=math.fsum(jains) / len(jains) if jains else None,
+        max_service_gap=max(gaps) if gaps else None,
+    )
+    return doc
 
-    def index(t: float) -> int:
+
+def _check_arguments(window_s: float, w_in: float, w_out: float, weights: dict[str, float] | None) -> None:
+    if not (isinstance(window_s, (int, float)) and math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be a number > 0, got {window_s!r}")
+    for label, w in (("w_in", w_in), ("w_out", w_out)):
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise ValueError(f"{label} must be a number >= 0, got {w!r}")
+    for tenant, w in (weights or {}).items():
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+            raise ValueError(f"weights[{tenant!r}] must be a number > 0, got {w!r}")
+
+
+class _Grid:
+    """The run's span [start, end] cut into `n` windows of `window_s` (the last may be shorter)."""
+
+    def __init__(self, start: float, end: float, window_s: float) -> None:
+        ratio = (end - start) / window_s
+        if not math.isfinite(ratio):
+            raise ValueError(f"window_s {window_s!r}: the run's span of {end - start!r} s holds too many windows")
+        self.start, self.end, self.window_s = start, end, window_s
+        self.n = max(1, math.ceil(ratio))
+
+    def index(self, t: float) -> int:
         """The window of time `t`: the last k with start + k * window_s <= t, within [0, n)."""
+        start, window_s, n = self.start, self.window_s, self.n
         k = min(max(int((t - start) / window_s), 0), n - 1)
         # the division may round across a boundary: one step fixes it (where a window is finer
         # than a float's resolution at `t`, boundaries are only as exact as the floats)
@@ -95,11 +136,23 @@ def fairness(
             k -= 1
         return k
 
-    tenants = sorted({r.tenant for r in served})
-    # only windows where something happens are kept (memory follows the records, not the span)
+    def start_of(self, k: int) -> float:
+        return self.start + k * self.window_s
+
+    def end_of(self, k: int) -> float:
+        return min(self.start + (k + 1) * self.window_s, self.end) if k == self.n - 1 else self.start + (k + 1) * self.window_s
+
+
+def _tally(
+    served: list[RequestRecord], grid: _Grid, tenants: list[str]
+) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, int]], list[tuple[int, int, str]]]:
+    """Input and output tokens per window and tenant (only windows where something happens are
+    kept: memory follows the records, not the span), and each request's (first, last) window of
+    waiting with its tenant."""
     inputs: dict[int, dict[str, int]] = {}
     outputs: dict[int, dict[str, int]] = {}
-    waits: list[tuple[int, int, str]] = []  # (first, last window) a tenant had a request waiting
+    waits: list[tuple[int, int, str]] = []
+    index = grid.index
 
     def add(table: dict[int, dict[str, int]], k: int, tenant: str, x: int) -> None:
         row = table.get(k)
@@ -125,41 +178,12 @@ def fairness(
         else:
             lo = 0
             for k in range(first, last):
-                hi = bisect_left(tt, start + (k + 1) * window_s, lo)
+                hi = bisect_left(tt, grid.start_of(k + 1), lo)
                 if hi > lo:
                     add(outputs, k, tenant, hi - lo)
                 lo = hi
             add(outputs, last, tenant, len(tt) - lo)
-
-    keys = sorted({*inputs, *outputs, *(w[0] for w in waits), *(w[1] for w in waits)})
-    backlogged = _backlogged(keys, waits)
-    windows, jains, gaps = [], [], []
-    zeros = dict.fromkeys(tenants, 0)
-    for k in keys:
-        ins, outs = inputs.get(k, zeros), outputs.get(k, zeros)
-        service = {t: w_in * ins[t] + w_out * outs[t] for t in tenants}
-        active = backlogged[k]
-        xs = [service[t] / weights.get(t, 1.0) for t in active]
-        jain = _jain(xs) if xs else None
-        gap = max(xs) - min(xs) if xs else None
-        if jain is not None:
-            jains.append(jain)
-        if gap is not None:
-            gaps.append(gap)
-        windows.append({
-            "start_s": start + k * window_s, "end_s": min(start + (k + 1) * window_s, end) if k == n - 1 else start + (k + 1) * window_s,
-            "input": dict(ins), "output": dict(outs), "service": service, "backlogged": active,
-            "jain": jain, "max_service_gap": gap,
-        })
-    if _windows_waited(waits) > sum(1 for k in keys if backlogged[k]):
-        gaps.append(0.0)  # a window left out where tenants only waited: nobody served, gap 0
-    doc.update(
-        windows=windows,
-        min_jain=min(jains) if jains else None,
-        mean_jain=math.fsum(jains) / len(jains) if jains else None,
-        max_service_gap=max(gaps) if gaps else None,
-    )
-    return doc
+    return inputs, outputs, waits
 
 
 def _backlogged(keys: list[int], waits: list[tuple[int, int, str]]) -> dict[int, list[str]]:

@@ -10,7 +10,9 @@ implementation sees the answer of the ones below it (`result = yield`) and may r
 which is how a platform plugin filters or adjusts a base policy.
 
 Each hook is called a bounded number of times per step, with batches: observers receive every
-sequence that changed state in the step in one call. An invalid answer (a victim that is not
+sequence that changed state in the step in one call. In a step the observers come in this order:
+`on_arrival`, (`on_preempted` while scheduling), `on_admitted`, `on_preempted` (the rest), then
+after the executor ran `on_tokens`, `on_step_end`, `on_finished`; each docstring says exactly when. An invalid answer (a victim that is not
 running, a budget above the total, a token row of the wrong length, ...) or an exception raised by a
 plugin stops the engine with a `PluginError` that names the plugin and the hook.
 
@@ -199,32 +201,69 @@ def check_request(ctx: StepContext, seq: Sequence) -> str | None:
 
 @hookspec
 def on_arrival(ctx: StepContext, seqs: list[Sequence]) -> None:
-    """Sequences that joined the waiting queue (new requests)."""
+    """Sequences that joined the waiting queue (new requests) since the last step.
+
+    When: once per step, first thing in `Scheduler.schedule` (before `split_budget`), when there
+    are any; a request submitted with a future `arrival_time` arrives in the first step that
+    starts at or after it. The samples of an `n > 1` request are no arrivals (they never wait):
+    `on_admitted` reports them.
+    """
 
 
 @hookspec
 def on_admitted(ctx: StepContext, seqs: list[Sequence]) -> None:
-    """Sequences that left waiting (or swapped) and started running this step, in admission order."""
+    """Sequences that started running this step: those admitted from waiting or swapped, in
+    admission order, then the samples forked in this step (an `n > 1` request forks in the step
+    that computes its last prompt token; `seq.parent` is the parent).
+
+    When: once per step, at the end of `Scheduler.schedule` (after admission and the core's
+    rescue, before the executor runs), when there are any. A sequence admitted and then preempted
+    in the same step is not reported.
+    """
 
 
 @hookspec
 def on_preempted(ctx: StepContext, seqs: list[Sequence]) -> None:
-    """Sequences preempted this step: back to WAITING (recompute) or SWAPPED (swap)."""
+    """Sequences preempted this step: back to WAITING (recompute) or SWAPPED (swap). Each victim is
+    reported once, in preemption order.
+
+    When: inside `Scheduler.schedule`, as soon as a policy must know, and otherwise at its end:
+    the victims of serving the running sequences before `admission` is asked, each later victim
+    before admission pulls its next candidate (so that a request preempted in this step is back in
+    its policy's queue, in its place, when admission goes on), the rescue's victims after the
+    rescue, and the rest at the end of scheduling, after `on_admitted`. So, unlike the other
+    observers, it may be called more than once in a step (never with an empty list); policies
+    that re-queue victims depend on this order.
+    """
 
 
 @hookspec
 def on_tokens(ctx: StepContext, seqs: list[Sequence]) -> None:
-    """Sequences that got a new token this step (the token is `seq.token_ids[-1]`)."""
+    """Sequences that got a new token this step (the token is `seq.token_ids[-1]`).
+
+    When: once per step that sampled tokens, after they were appended and the stop conditions
+    checked (a sequence the token stopped is FINISHED already), before `on_step_end`.
+    """
 
 
 @hookspec
 def on_finished(ctx: StepContext, seqs: list[Sequence]) -> None:
-    """Sequences that ended (any reason: see `seq.finish_reason`); their blocks are already freed."""
+    """Sequences that ended (any reason: see `seq.finish_reason`); their blocks are already freed.
+
+    When: once per step, at its very end (the reap, after `on_step_end`), with the sequences that
+    ended in it; and from `Engine.abort`, at once, with the cancelled request's sequences. A step
+    interrupted by an error (the executor's, or a plugin's) reaps the requests it failed then.
+    """
 
 
 @hookspec
 def on_step_end(ctx: StepContext, plan: StepPlan) -> None:
-    """The step's plan, after it ran and its tokens were appended."""
+    """The step's plan, after it ran and its tokens were appended.
+
+    When: once per step, after `on_tokens` and before the reap (`on_finished`), for every step
+    that `ctx.step` counts, one that scheduled nothing included (its plan is empty); not for a step
+    interrupted by an error.
+    """
 
 
 DECISION_HOOKS = (

@@ -1,12 +1,12 @@
-"""`Preempt`: an answer of the `select_victim` hook that also chooses the preemption mode; and the
-core's no-livelock rule (`is_protected`)."""
+"""`Preempt`: a victim and how it is preempted (an answer of the `select_victim` hook may be one);
+and the core's no-livelock rule (`is_protected`, `substitute`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
-if TYPE_CHECKING:
-    from .sequence import Sequence
+from .sequence import RUNNING, Sequence
 
 RECOMPUTE = "recompute"
 SWAP = "swap"
@@ -35,3 +35,22 @@ def is_protected(seq: Sequence) -> bool:
 def older(a: Sequence, b: Sequence) -> bool:
     """Whether `a` arrived before `b` (samples of one request: lower index first)."""
     return (a.arrival_no, a.index) < (b.arrival_no, b.index)
+
+
+def substitute(running: Iterable[Sequence], requester: Sequence, younger_only: bool = False) -> Sequence | None:
+    """The core's victim for `requester`: the youngest running request other than it that it may
+    displace (an unprotected one, else a younger protected one; only younger ones with
+    `younger_only`); else the requester yields (itself if running, None if waiting)."""
+    best, best_rank = None, None
+    for s in running:
+        if s is requester:
+            continue
+        protected = s.stalls >= PROTECT_AFTER and is_protected(s)
+        if (younger_only or protected) and older(s, requester):
+            continue
+        rank = (0 if protected else 1, s.arrival_no, s.index)
+        if best_rank is None or rank > best_rank:
+            best, best_rank = s, rank
+    if best is not None:
+        return best
+    return requester if requester.state is RUNNING else None

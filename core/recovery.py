@@ -13,14 +13,14 @@ that is stepped again serves on.
   and not readmitted (a policy may not have heard of the preemption). Waiting requests that never
   ran stay queued.
 - An error after the forward (`of_plan`): the plan's scheduled, admitted and preempted sequences
-  and the samples forked from them.
+  and the samples forked from them (in the plan's step: `plan.forked`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .sequence import FinishReason, SeqState, Sequence
+from .sequence import FINISHED, RUNNING, SWAPPED, FinishReason, Sequence
 
 
 def in_flight(live: Iterable[Sequence], arrived: Iterable[Sequence]) -> list[Sequence]:
@@ -28,8 +28,10 @@ def in_flight(live: Iterable[Sequence], arrived: Iterable[Sequence]) -> list[Seq
     inconsistent (see the module docstring); `arrived`: those that joined the waiting queue for
     this step."""
     arrived = set(arrived)
-    queued = (SeqState.RUNNING, SeqState.SWAPPED)
-    return [s for s in live if s in arrived or s.state in queued or s.block_table or s.num_lost_tokens]
+    return [
+        s for s in live
+        if s in arrived or s.state is RUNNING or s.state is SWAPPED or s.block_table or s.num_lost_tokens
+    ]
 
 
 def of_plan(plan) -> list[Sequence]:
@@ -50,7 +52,7 @@ def fail(scheduler, seqs: Iterable[Sequence], now: float, error: str) -> None:
     in cut short) are given back here; the others at the next reap."""
     pool, running, swapped = scheduler.pool, scheduler.running, scheduler.swapped
     for seq in seqs:
-        if seq.state is SeqState.FINISHED:
+        if seq.state is FINISHED:
             continue
         if seq.block_table and seq not in running:
             pool.release(seq.block_table)

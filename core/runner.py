@@ -171,75 +171,89 @@ def default_jobs() -> int:
 
 
 def run_workloads(
-    workload: Workload,
-    configs: list[EngineConfig],
+    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any
+) -> list[dict[str, Any]]:
+    """Replay `workload` once per config (each on a new engine and a new executor from
+    `make_executor()`) and return the result documents in the order of `configs`.
+
+    `options` are `run_many`'s (but `extract`): `jobs` worker processes (default: one per core)
+    run them in parallel. Each worker is a fork of this process, so it replays the very workload
+    object built here, with the same interpreter state (hash seed included), and a document equals
+    the one a run in this process gives, except `wall_s` (the host's time, which no two runs
+    share). `jobs=1` runs them here, one by one. `progress` shows one line with each run's share
+    done, labelled by `labels` (default: the policies)."""
+    return [doc for doc, _ in run_many([(workload, c) for c in configs], make_executor, **options)]
+
+
+def run_many(
+    runs: list[tuple[Workload, EngineConfig]],
     make_executor: Callable[[], Any],
     *,
+    extract: Callable[[Engine, dict[str, Any]], Any] | None = None,
     jobs: int | None = None,
     labels: list[str] | None = None,
     oracle_lengths: bool = False,
     progress: bool | None = False,
     window_s: float = 60.0,
     vocab_size: int | None = None,
-) -> list[dict[str, Any]]:
-    """Replay `workload` once per config (each on a new engine and a new executor from
-    `make_executor()`) and return the result documents in the order of `configs`.
-
-    `jobs` worker processes (default: one per core) run them in parallel. Each worker is a fork of
-    this process, so it replays the very workload object built here, with the same interpreter
-    state (hash seed included), and a document equals the one a run in this process gives, except
-    `wall_s` (the host's time, which no two runs share). `jobs=1` runs them here, one by one.
-    `progress` shows one line with each run's share done, labelled by `labels` (default: the
-    policies)."""
+) -> list[tuple[dict[str, Any], Any]]:
+    """`run_workloads` for runs that may each replay their own workload (a load sweep replays one
+    workload at several rates): `(document, extract(engine, document))` per run, in the order of
+    `runs` (`None` for the second without `extract`). `extract` runs where the run ran (in its
+    worker), so what it returns, not the engine, crosses back: keep it small and picklable."""
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
-    labels = labels or ["+".join([c.policy, *c.plugins]) for c in configs]
-    jobs = min(jobs or default_jobs(), len(configs))
+    labels = labels or ["+".join([c.policy, *c.plugins]) for _, c in runs]
+    jobs = min(jobs or default_jobs(), len(runs))
     options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
     if vocab_size is not None:
         options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
+    total = max((len(w.items) for w, _ in runs), default=0)
     if jobs <= 1:
-        docs = []
-        for label, config in zip(labels, configs):
+        results = []
+        for label, (workload, config) in zip(labels, runs):
             bar = ProgressBar(len(workload.items), enabled=progress, label=label)
             doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
+            results.append((doc, extract(engine, doc) if extract is not None else None))
             engine.close()
-            docs.append(doc)
-        return docs
-    board = ProgressBoard(labels, len(workload.items), enabled=progress)
+        return results
+    board = ProgressBoard(labels, total, enabled=progress)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.SimpleQueue() if board.enabled else None
-    _JOB.update(workload=workload, configs=configs, make_executor=make_executor, options=options, queue=queue)
+    _JOB.update(runs=runs, make_executor=make_executor, options=options, queue=queue, extract=extract)
     try:
         with ctx.Pool(jobs) as pool:
-            pending = pool.map_async(_run_job, range(len(configs)), chunksize=1)
+            pending = pool.map_async(_run_job, range(len(runs)), chunksize=1)
             while not pending.ready():
                 pending.wait(0.1)
                 while queue is not None and not queue.empty():
                     board.update(*queue.get())
-            results = pending.get()
+            outcomes = pending.get()
     finally:
         _JOB.clear()
         board.close()
-    docs = []
-    for label, (doc, error) in zip(labels, results):
+    results = []
+    for label, (doc, extracted, error) in zip(labels, outcomes):
         if error is not None:
             raise ValueError(f"{label}: {error}")
-        docs.append(doc)
-    return docs
+        results.append((doc, extracted))
+    return results
 
 
-def _run_job(index: int) -> tuple[dict[str, Any] | None, str | None]:
-    """One run in a worker: (document, None), or (None, the error's message) for the errors the
-    command reports as such (the exception itself may not survive pickling)."""
+def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
+    """One run in a worker: (document, extracted, None), or (None, None, the error's message) for
+    the errors the command reports as such (the exception itself may not survive pickling)."""
     job = _JOB
     queue = job["queue"]
     bar = _QueuedProgress(index, queue) if queue is not None else False
+    workload, config = job["runs"][index]
+    extract = job["extract"]
     try:
-        doc, _ = run_workload(job["workload"], job["configs"][index], job["make_executor"](), progress=bar, **job["options"])
+        doc, engine = run_workload(workload, config, job["make_executor"](), progress=bar, **job["options"])
+        extracted = extract(engine, doc) if extract is not None else None
     except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return doc, None
+        return None, None, f"{type(exc).__name__}: {exc}"
+    return doc, extracted, None
 
 
 class _QueuedProgress:

@@ -113,7 +113,7 @@ class SRPT:
         if est is None:
             est = seq.expected_output_tokens
             if est is None:
-                est = ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)
+                est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)
                 if est is None:
                     est = self.prior_output_tokens
                 elif isinstance(est, bool) or not isinstance(est, int) or est < 0:

@@ -41,7 +41,7 @@ class Chatty:
     @hookimpl
     def on_tokens(self, ctx, seqs):
         for s in seqs:
-            ctx.hooks.on_step_end(ctx=ctx, plan=None)
+            ctx.hook.on_step_end(ctx=ctx, plan=None)
 
 
 def test_suite_catches_a_budget_above_the_total():

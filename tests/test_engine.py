@@ -102,24 +102,22 @@ def _used_without(engine, rid):
 
 
 def _cancel_and_check(engine, rid):
-    """Abort `rid`; its blocks stay held until the next step, which frees them and reports it."""
+    """Abort `rid`: its blocks are freed at once (the other requests keep theirs), and the next
+    step reports its end."""
     seqs = engine.sequences(rid)
-    held = _used_by(engine, rid)
-    refs = {b: engine.pool.ref_count(b) for b in held}
-    used = engine.pool.num_used_blocks()
+    others = _used_without(engine, rid)
     assert engine.abort(rid) is True
     assert all(s.finish_reason is FinishReason.CANCELLED for s in seqs)
-    assert engine.pool.num_used_blocks() == used  # nothing freed yet
-    assert {b: engine.pool.ref_count(b) for b in held} == refs
-    outputs = engine.step()
-    ended = [o for o in outputs if o.request_id == rid]
-    assert len(ended) == len(seqs)
-    assert all(o.finished and o.new_token_ids == [] and o.finish_reason is FinishReason.CANCELLED for o in ended)
     assert all(s.block_table == [] and s.host_table == [] for s in seqs)
     sched = engine.scheduler
     assert not any(s in sched.running or s in sched.waiting or s in sched.swapped for s in seqs)
     # the ref counts match the live tables: the cancelled sequences hold nothing any more
     engine.pool.check_invariants(live_tables(engine))
+    assert _used_without(engine, rid) == others
+    outputs = engine.step()
+    ended = [o for o in outputs if o.request_id == rid]
+    assert len(ended) == len(seqs)
+    assert all(o.finished and o.new_token_ids == [] and o.finish_reason is FinishReason.CANCELLED for o in ended)
     assert engine.abort(rid) is False  # already ended
 
 
@@ -137,7 +135,7 @@ def test_cancel_a_waiting_request():
     assert_pool_drained(engine)
 
 
-def test_cancel_a_prefilling_request_frees_its_blocks_at_the_next_step():
+def test_cancel_a_prefilling_request_frees_its_blocks_at_once():
     engine = make_engine(max_prefill_chunk=16, enable_prefix_caching=False)
     engine.add_request(request("long", 40, max_new=3))
     engine.add_request(request("other", 4, max_new=3))

@@ -371,3 +371,48 @@ def test_candidates_tell_a_wrapper_which_candidates_the_scheduler_admitted():
     it.close()
     assert heard == ["r0", "r3"]  # r3 reported when the scheduler stops pulling
     assert judged == [("r0", []), ("r1", ["r0"]), ("r2", ["r0"]), ("r3", ["r0"])]
+
+
+# --- the plan's own counters ---------------------------------------------------------------------
+
+
+def test_a_plan_keeps_its_counters_and_budget_through_add_and_drop():
+    from metroline.core.plan import StepPlan
+    from metroline.core.request import SamplingParams
+    from metroline.core.sequence import Sequence
+
+    def seq(name, prompt, computed):
+        s = Sequence(name, list(range(prompt)), SamplingParams(max_new_tokens=4), 0.0)
+        s.num_computed_tokens = computed
+        return s
+
+    decoding, prefilling, admitted = seq("d", 8, 7), seq("p", 40, 8), seq("a", 12, 0)
+    decoding.token_ids.append(1)  # an output token: `decoding` now needs one decode token
+    decoding.num_computed_tokens = 8
+    plan = StepPlan(1, 4)
+    plan.set_budget(10, 64, 3)
+    plan.add(decoding, 1, True)
+    plan.add(prefilling, 16, False)
+    plan.add(admitted, 12, False)
+    plan.admitted.append(admitted)
+
+    def check(budget):
+        decodes = [s for s in plan.scheduled if s in plan.decodes]
+        assert plan.num_decode_tokens == len(decodes)
+        assert plan.num_prefill_tokens == sum(n for s, n in plan.scheduled.items() if s not in plan.decodes)
+        assert plan.num_context_tokens == sum(s.num_computed_tokens + n for s, n in plan.scheduled.items())
+        spent_prefills = len(plan.scheduled) - len(decodes)
+        assert (plan.decode_left, plan.prefill_left, plan.prefills_left) == (
+            budget[0] - plan.num_decode_tokens, budget[1] - plan.num_prefill_tokens, budget[2] - spent_prefills,
+        )
+
+    check((10, 64, 3))
+    plan.drop(admitted)  # preempted after its admission: out of the plan and of `admitted`
+    assert admitted not in plan.scheduled and plan.admitted == []
+    check((10, 64, 3))
+    plan.drop(decoding)
+    check((10, 64, 3))
+    plan.drop(decoding)  # not scheduled any more: nothing changes
+    check((10, 64, 3))
+    plan.seal()
+    assert plan.sample_seqs == []  # `prefilling` computes 24 of its 40 tokens: nothing to sample

@@ -108,6 +108,25 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step (default: none)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--report", metavar="DIR", help="write report.md, report.html, PNG plots and per-request CSVs "
+                   "into DIR (needs matplotlib: the report extra; default: none)")
+
+
+def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
+    """`--slo`: latency bounds for SLO attainment and goodput (`core/slo.py`)."""
+    p.add_argument("--slo", required=required, metavar="METRIC=S,...",
+                   help="latency bounds in seconds, e.g. ttft=0.5,tpot=0.05 (metrics: ttft, tpot, e2e): "
+                   "SLO attainment and goodput (requests/s within every bound)" + ("" if required else " (default: none)"))
+
+
+def sweep_flags(p: argparse.ArgumentParser) -> None:
+    """The rates and SLO of `sweep` (`core/sweep.py`)."""
+    p.add_argument("--rates", required=True, metavar="R1,R2,...|auto",
+                   help="arrival rates in requests/s (the workload's arrivals scaled to each), or auto: "
+                   "each policy's capacity at SLO by bisection from the workload's own rate")
+    slo_flag(p, required=True)
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="with --rates auto: stop when the bracket's ends are within this ratio (default 0.05)")
 
 
 def model_flags(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 from .logs import log_to_stderr
 from .options import check_output_paths, make_workload, prepare
+from .outputs import check_report_folder, manifest_for
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -17,7 +18,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.debug:
         log_to_stderr()
     check_output_paths(args)
+    check_report_folder(args)
     workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
     writer = None
     if args.outputs:
@@ -35,8 +38,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             writer.close()
     engine.close()
     report.print_summary_table(doc)
+    if manifest is not None:
+        doc["manifest"] = manifest
     if args.json:
         result_files.write_json(args.json, doc)
+    if args.report:
+        from ..ab_report import write_compare_report
+        from ..run_series import series_of
+
+        result = {"runs": [doc], "manifest": doc.get("manifest")}
+        label = doc["policy"]
+        print(f"report: {write_compare_report(args.report, result, [label], [series_of(engine, doc)]) / 'report.html'}")
     if args.requests_csv:
         result_files.write_requests_csv(args.requests_csv, engine.metrics.requests)
     if args.steps_csv:
