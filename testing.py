@@ -23,14 +23,35 @@ preemption mode, and checks at every step and after the drain:
 - the engine keeps making progress (a stuck engine raises `NoProgressError`).
 
 It raises `ConformanceError` listing every failure, and returns a `ConformanceReport` otherwise.
+
+Run it on your own tenants and workload, so that your plugin's own code paths run: the suite's
+workloads have the tenants alpha, beta, gamma and burst, so a plugin keyed on tenant
+"enterprise" would pass without any of its code doing anything.
+
+```python
+report = check_plugin("mypkg.quota:TenantQuota", tenants=["enterprise", "free"],
+                      workload="my_traffic.toml", strict=True)
+print(report)  # runs, then each hook's calls and changed answers
+```
+
+`tenants=` re-labels the suite's workloads with your tenants (a list: request i of each workload
+goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `workload=` adds your
+own workload (a `Workload`, a `SyntheticSpec` or its dict, a built-in name or a file path) to the
+suite's, with its own tenants. The report's `coverage` says, for each hook your plugin implements,
+how many times it was called and how many times its answer changed the answer without it (see
+`metroline.hook_coverage`); a hook that was never called, or never changed an answer, is a
+warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import random
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .core.config import EngineConfig
@@ -41,6 +62,7 @@ from .core.sequence import FinishReason, SeqState
 from .core.workloads import SyntheticSpec, Workload, build_workload, generate
 from .executors.cost_models import make_cost_model
 from .executors.simulated import SimulatedExecutor
+from .hook_coverage import HookCoverage, watch
 
 PER_STEP_LIMITS: dict[str, int] = {
     "admission": 1,
@@ -64,17 +86,73 @@ class ConformanceError(AssertionError):
 
 @dataclass
 class ConformanceReport:
+    """What `check_plugin` ran and how it exercised the plugin.
+
+    `runs`: one dict per run (workload, preemption mode, requests, steps, preemptions).
+    `tenants`: the tenants the runs' requests had. `coverage`: hook name -> `HookCoverage` (calls
+    and changed answers, summed over the runs) for every hook the plugin implements. `warnings`:
+    one line per hook that was never called or never changed an answer.
+    """
+
     plugin: str
     runs: list[dict[str, Any]] = field(default_factory=list)
+    tenants: list[str] = field(default_factory=list)
+    coverage: dict[str, HookCoverage] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"conformance of {self.plugin}: {len(self.runs)} runs passed"]
+        lines = [f"conformance of {self.plugin}: {len(self.runs)} runs passed (tenants: {', '.join(self.tenants)})"]
         for r in self.runs:
             lines.append(
                 f"  {r['workload']:<12} {r['mode']:<9} requests={r['requests']} steps={r['steps']} "
                 f"preemptions={r['preemptions']}"
             )
+        lines.append("hooks of the plugin:")
+        lines.extend(f"  {cov}" for _, cov in sorted(self.coverage.items()))
+        lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines)
+
+
+def with_tenants(workload: Workload, tenants: Iterable[str] | Mapping[str, float], seed: int = 0) -> Workload:
+    """`workload` with its requests' tenants replaced by `tenants`: a list of names gives request
+    i (by arrival) to tenant `i mod len(tenants)`; a {name: share} mapping draws each request's
+    tenant by share (seeded by `seed` and the workload's name)."""
+    names = _tenant_names(tenants)
+    items = workload.items
+    if isinstance(tenants, Mapping):
+        shares = [float(tenants[n]) for n in names]
+        if not all(share >= 0 for share in shares) or sum(shares) <= 0:
+            raise ValueError(f"tenant shares must be >= 0 with a positive sum, got {dict(tenants)!r}")
+        labels = random.Random(f"check_plugin/{workload.name}/{seed}").choices(names, shares, k=len(items))
+    else:
+        labels = [names[i % len(names)] for i in range(len(items))]
+    relabelled = [dataclasses.replace(it, tenant=label) for it, label in zip(items, labels)]
+    return Workload(workload.name, relabelled, workload.description, {**workload.params, "tenants": names})
+
+
+def _tenant_names(tenants: Iterable[str] | Mapping[str, float]) -> list[str]:
+    if isinstance(tenants, str):
+        raise ValueError(f"tenants must be a list of names, not the string {tenants!r}")
+    names = list(tenants)
+    if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"tenants must be distinct non-empty names, got {names!r}")
+    return names
+
+
+def own_workload(workload: Workload | SyntheticSpec | Mapping[str, Any] | str | Path) -> Workload:
+    """The author's workload for `check_plugin(workload=...)`: a `Workload` as is; a
+    `SyntheticSpec` (or its dict) generated; a string or path built by `build_workload` (a
+    built-in name, a trace, a request file or a spec file)."""
+    if isinstance(workload, Workload):
+        return workload
+    if isinstance(workload, Mapping):
+        workload = SyntheticSpec.model_validate(dict(workload))
+    if isinstance(workload, SyntheticSpec):
+        items = generate(workload, namespace="check-plugin")
+        return Workload("own", items, "the author's synthetic workload", {"spec": workload.model_dump(mode="json")})
+    if isinstance(workload, (str, Path)):
+        return build_workload(str(workload))
+    raise TypeError(f"workload must be a Workload, a SyntheticSpec or its dict, or a name or path, got {workload!r:.80}")
 
 
 def conformance_workloads(seed: int = 0) -> list[Workload]:
@@ -159,11 +237,14 @@ class _CheckingExecutor:
 
 
 def _run_once(
-    workload: Workload, config: EngineConfig, extra: list[Any], failures: list[str]
+    workload: Workload, config: EngineConfig, extra: list[Any], failures: list[str],
+    coverage: dict[str, HookCoverage] | None = None,
 ) -> tuple[dict[str, Any], Any, Counter]:
     executor = _CheckingExecutor(SimulatedExecutor(make_cost_model("steps")), failures)
     engine = Engine(config, executor, plugins=extra)
     executor.engine = engine
+    if coverage is not None:  # the plugin under test is the last registered: the highest precedence
+        watch(engine, engine.plugins.describe()[0][0], coverage)
     calls: Counter = Counter()
 
     def before(hook_name: str, impls: Any, kwargs: dict) -> None:
@@ -229,11 +310,19 @@ def check_plugin(
     modes: Iterable[str] = ("recompute", "swap"),
     seed: int = 0,
     config: dict[str, Any] | None = None,
+    tenants: Iterable[str] | Mapping[str, float] | None = None,
+    workload: Workload | SyntheticSpec | Mapping[str, Any] | str | Path | None = None,
+    strict: bool = False,
 ) -> ConformanceReport:
     """Run the conformance checks on `plugin` (a spec string, a plugin class or an instance).
 
     `options`: the plugin's options. `base`: the policy a non-policy plugin is stacked on.
-    `config`: `EngineConfig` overrides for the runs. Raises `ConformanceError` on any failure.
+    `workloads`: replaces the suite's built-in workloads. `tenants`: your tenant names (or
+    {name: share}), given to the requests of the suite's workloads (`with_tenants`). `workload`:
+    your own workload, run after the suite's, with its own tenants (`own_workload`). `config`:
+    `EngineConfig` overrides for the runs. `strict`: a hook of the plugin that was never called
+    or never changed an answer is a failure, not only a warning in the report.
+    Raises `ConformanceError` on any failure.
     """
     options = dict(options or {})
     if isinstance(plugin, str):
@@ -258,12 +347,17 @@ def check_plugin(
     report = ConformanceReport(name)
     failures: list[str] = []
     workload_list = list(workloads) if workloads is not None else conformance_workloads(seed)
-    for wi, workload in enumerate(workload_list):
+    if tenants is not None:
+        workload_list = [with_tenants(w, tenants, seed) for w in workload_list]
+    if workload is not None:
+        workload_list.append(own_workload(workload))
+    report.tenants = sorted({it.tenant for w in workload_list for it in w.items})
+    for wi, wl in enumerate(workload_list):
         for mode in modes:
-            label = f"{name} on {workload.name} ({mode})"
+            label = f"{name} on {wl.name} ({mode})"
             cfg, extra = setup(mode)
             try:
-                doc, engine, calls = _run_once(workload, cfg, extra, failures)
+                doc, engine, calls = _run_once(wl, cfg, extra, failures, report.coverage)
             except Exception as exc:  # a PluginError, a stuck engine, a crash: all are failures
                 failures.append(f"{label}: {type(exc).__name__}: {exc}")
                 continue
@@ -272,19 +366,34 @@ def check_plugin(
             if wi == 0:
                 cfg2, extra2 = setup(mode)
                 try:
-                    _, again, _ = _run_once(workload, cfg2, extra2, [])
+                    _, again, _ = _run_once(wl, cfg2, extra2, [])
                     if _fingerprint(again) != _fingerprint(engine):
                         failures.append(f"{label}: two runs with seed {seed} gave different results")
                 except Exception as exc:
                     failures.append(f"{label}: second run: {type(exc).__name__}: {exc}")
             s = doc["summary"]
             report.runs.append({
-                "workload": workload.name, "mode": mode, "requests": s["requests"], "steps": s["steps"],
+                "workload": wl.name, "mode": mode, "requests": s["requests"], "steps": s["steps"],
                 "preemptions": s["preemptions"],
             })
+    report.warnings = _coverage_warnings(report, tenants is None and workload is None)
+    if strict:
+        failures.extend(f"{w} (strict)" for w in report.warnings)
     if failures:
         raise ConformanceError(f"{name} broke the plugin contract:\n  " + "\n  ".join(failures))
     return report
+
+
+def _coverage_warnings(report: ConformanceReport, suite_tenants: bool) -> list[str]:
+    """A line per hook of the plugin that was never called or never changed an answer."""
+    hint = ""
+    if suite_tenants:
+        hint = f" on the suite's tenants ({', '.join(report.tenants)}): give tenants= or workload= to run your own"
+    return [
+        f"{report.plugin}: hook {cov.hook} {cov.problem}{hint}"
+        for _, cov in sorted(report.coverage.items())
+        if cov.problem is not None
+    ]
 
 
 def shipped_plugins() -> list[str]:

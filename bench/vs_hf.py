@@ -10,16 +10,23 @@ Workloads (64 requests, greedy, EOS off, random prompts of `--prompt-len` tokens
   request; only the requested tokens count.
 - `uniform`: 64 requests of 64 output tokens.
 
-Each engine first runs a short warm-up (not timed). Token counts are checked: every engine must
-produce exactly the requested tokens. Torch timings on a small machine are only stable with the
+Each engine first runs a short warm-up (not timed). Besides wall-clock seconds, the table gives
+the process's CPU seconds over the same interval (all threads): on a machine shared with other work
+they show what each engine costs when the wall clock mostly shows the neighbours. Token counts are
+checked: every engine must produce exactly the requested tokens. Torch timings on a small machine are only stable with the
 allocator settings in `MALLOC_ENV`; the script re-executes itself with them when they are missing.
 
-Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N]
+metroline's executor runs its float32 linear layers through oneDNN on prepacked weights
+(`executors/torch/linear.py`); HF runs torch's stock `linear` (MKL). `--hf-linear onednn` gives
+both HF engines the same linear layers, to separate what the kernels win from what the engine wins.
+
+Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N] [--hf-linear onednn]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -35,27 +42,37 @@ WORKLOADS = {"mixed": [16] * 54 + [160] * 10, "uniform": [64] * 64}
 """Output lengths of each workload's requests, in submission order (long ones last)."""
 
 
+class Stopwatch:
+    """Wall-clock seconds and the process's CPU seconds (all threads) since it was made."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def prompts_for(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, int]:
-    """(seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
+def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, float, int]:
+    """(seconds, CPU seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
     from metroline.core.config import EngineConfig
     from metroline.core.engine import Engine
 
     plugins = [] if _vectorised_sampler() else [_Argmax()]
     engine = Engine(EngineConfig(policy="fcfs", num_blocks=executor.suggest_num_blocks(16)), executor,
                     plugins=plugins)
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         engine.add_request({"request_id": str(i), "prompt_token_ids": p,
                             "sampling": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}})
     done = engine.run()
-    dt = time.perf_counter() - t0
+    dt, cpu = clock.read()
     tokens = sum(len(seqs[0].output_token_ids) for seqs in done.values())
-    return dt, tokens
+    return dt, cpu, tokens
 
 
 def _vectorised_sampler() -> bool:
@@ -74,52 +91,59 @@ class _Argmax:
         return logits.argmax(dim=-1).tolist()
 
 
-def run_hf_continuous(model: Any, prompts: list[list[int]], lengths: list[int], block_size: int = 32) -> tuple[float, int]:
-    """transformers' continuous batching, each request with its own `max_new_tokens`."""
+def run_hf_continuous(
+    model: Any, prompts: list[list[int]], lengths: list[int], linear_layers: Any, block_size: int = 32
+) -> tuple[float, float, int]:
+    """transformers' continuous batching, each request with its own `max_new_tokens`, with the
+    linear layers `linear_layers()` (a context manager) selects."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     need = sum(-(-(len(p) + n) // block_size) for p, n in zip(prompts, lengths))
     cb = ContinuousBatchingConfig(num_blocks=need + 64, max_batch_tokens=2048, page_size=block_size)
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(lengths), eos_token_id=None, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-    manager.start()
-    try:
-        t0 = time.perf_counter()
-        for i, (p, n) in enumerate(zip(prompts, lengths)):
-            manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
-        tokens, done = 0, 0
-        while done < len(prompts):
-            result = manager.get_result(timeout=600)
-            if result is None:
-                raise RuntimeError("HF continuous batching stopped before every request finished")
-            if result.is_finished():
-                if result.error:
-                    raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
-                done += 1
-                tokens += len(result.generated_tokens)
-        dt = time.perf_counter() - t0
-    finally:
-        manager.stop(block=True)
-    return dt, tokens
+    with linear_layers():
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        manager.start()
+        try:
+            clock = Stopwatch()
+            for i, (p, n) in enumerate(zip(prompts, lengths)):
+                manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
+            tokens, done = 0, 0
+            while done < len(prompts):
+                result = manager.get_result(timeout=600)
+                if result is None:
+                    raise RuntimeError("HF continuous batching stopped before every request finished")
+                if result.is_finished():
+                    if result.error:
+                        raise RuntimeError(f"HF continuous batching: {result.request_id}: {result.error}")
+                    done += 1
+                    tokens += len(result.generated_tokens)
+            dt, cpu = clock.read()
+        finally:
+            manager.stop(block=True)
+    return dt, cpu, tokens
 
 
-def run_hf_static(model: Any, prompts: list[list[int]], lengths: list[int], batch: int) -> tuple[float, int]:
-    """HF `generate` on left-padded batches of `batch` requests; a batch runs to its longest request."""
+def run_hf_static(
+    model: Any, prompts: list[list[int]], lengths: list[int], batch: int, linear_layers: Any
+) -> tuple[float, float, int]:
+    """HF `generate` on left-padded batches of `batch` requests (a batch runs to its longest
+    request), with the linear layers `linear_layers()` (a context manager) selects."""
     import torch
 
     tokens = 0
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for b in range(0, len(prompts), batch):
         ps, ns = prompts[b:b + batch], lengths[b:b + batch]
         width = max(map(len, ps))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in ps])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
-        with torch.inference_mode():
+        with torch.inference_mode(), linear_layers():
             out = model.generate(ids, attention_mask=mask, max_new_tokens=max(ns), min_new_tokens=max(ns),
                                  do_sample=False, pad_token_id=0, eos_token_id=None)
         tokens += sum(min(n, out.shape[1] - width) for n in ns)
-    return time.perf_counter() - t0, tokens
+    return (*clock.read(), tokens)
 
 
 def main() -> int:
@@ -133,6 +157,8 @@ def main() -> int:
                         help="torch threads, every engine alike (default 1: on a shared machine more threads "
                         "spin against other processes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-linear", choices=("torch", "onednn"), default="torch",
+                        help="HF's linear layers: torch's stock kernel (default) or metroline's oneDNN ones")
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
@@ -140,7 +166,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from metroline.executors.torch import TorchExecutor
+    from metroline.executors.torch import TorchExecutor, linear
     from metroline.executors.torch.attention import register
     from metroline.executors.torch.loader import load
 
@@ -149,31 +175,38 @@ def main() -> int:
     model, tokenizer, folder = load(args.model, torch.float32, torch.device("cpu"), register())
     executor = TorchExecutor(model, tokenizer, source=args.model)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf_linear = contextlib.nullcontext
+    if args.hf_linear == "onednn":
+        if not linear.install(hf):
+            raise SystemExit("--hf-linear onednn: oneDNN linear layers are not available here")
+        hf_linear = linear.active
     vocab = executor.vocab_size
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     print(f"model {args.model} (float32, cpu, {torch.get_num_threads()} torch threads); load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; prompts of {args.prompt_len} random tokens; greedy, EOS off")
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; prompts of {args.prompt_len} random tokens; greedy, EOS off; "
+          f"linear layers: metroline {executor.describe()['linear']}, HF {args.hf_linear}")
     warm = prompts_for(4, 8, vocab, 99)
     runners = {
         "metroline": lambda ps, ns: run_metroline(executor, ps, ns),
-        "hf_cb": lambda ps, ns: run_hf_continuous(hf, ps, ns),
-        "hf_static": lambda ps, ns: run_hf_static(hf, ps, ns, args.static_batch),
+        "hf_cb": lambda ps, ns: run_hf_continuous(hf, ps, ns, hf_linear),
+        "hf_static": lambda ps, ns: run_hf_static(hf, ps, ns, args.static_batch, hf_linear),
     }
     for e in engines:
         runners[e](warm, [4] * 4)
-    print(f"{'workload':<9} {'engine':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7}")
+    print(f"{'workload':<9} {'engine':<10} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'cpu s':>7} {'tok/cpu s':>9}")
     for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         lengths = WORKLOADS[name]
         prompts = prompts_for(len(lengths), args.prompt_len, vocab, args.seed)
-        rates = {}
+        rates, cpu_rates = {}, {}
         for e in engines:
-            dt, tokens = runners[e](prompts, lengths)
+            dt, cpu, tokens = runners[e](prompts, lengths)
             if tokens != sum(lengths):
                 raise RuntimeError(f"{e} on {name}: {tokens} output tokens, expected {sum(lengths)}")
-            rates[e] = tokens / dt
-            print(f"{name:<9} {e:<10} {tokens:>7} {dt:>8.1f} {rates[e]:>7.1f}", flush=True)
-        others = ", ".join(f"{rates['metroline'] / rates[e]:.2f}x {e}" for e in rates if e != "metroline")
-        if "metroline" in rates and others:
+            rates[e], cpu_rates[e] = tokens / dt, tokens / cpu
+            print(f"{name:<9} {e:<10} {tokens:>7} {dt:>8.1f} {rates[e]:>7.1f} {cpu:>7.1f} {tokens / cpu:>9.1f}", flush=True)
+        if "metroline" in rates and len(rates) > 1:
+            others = ", ".join(f"{rates['metroline'] / rates[e]:.2f}x {e} (per CPU second "
+                               f"{cpu_rates['metroline'] / cpu_rates[e]:.2f}x)" for e in rates if e != "metroline")
             print(f"{name:<9} metroline = {others}")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0

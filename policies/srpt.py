@@ -9,9 +9,10 @@ weight, `1 / max_num_batched_tokens`, counts the remaining time in steps; 1.0 co
 
 The expected output length is the request's `expected_output_tokens` hint when it has one
 (`--oracle-lengths` sets it to the true length in simulation), else the answer of the
-`estimate_output_tokens` hook, which `srpt` itself answers last (`trylast`) with a running mean per
-tenant of finished requests' output lengths. An estimate above `max_new_tokens` counts as
-`max_new_tokens`.
+`estimate_output_tokens` hook (a stacked estimator: `--plugin length_mean`, `--plugin
+length_regression`, see `policies/length_estimators.py`), else, when no plugin answers, `srpt`'s own
+running mean per tenant of completed requests' output lengths (a private `LengthMean`). An estimate
+above `max_new_tokens` counts as `max_new_tokens`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.sequence import RUNNING, FinishReason, Sequence
-
-_COMPLETED = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP)
+from ..core.sequence import RUNNING, Sequence
+from .length_estimators import LengthMean
 
 
 def tokens_to_prefill(seq: Sequence) -> int:
@@ -56,9 +56,11 @@ class SRPT:
     - **victim**: for a running request that needs a KV block, the running request with the longest
       remaining processing time (possibly the requester itself). A waiting request never preempts a
       running one (SRPT here is non-preemptive at admission).
-    - **estimate_output_tokens** (answered last, so any other plugin's estimate wins): the mean
-      output length of the requests of the same tenant that completed so far, rounded;
-      `prior_output_tokens` until the tenant has one.
+    - **expected output length**: the request's hint, else the `estimate_output_tokens` hook's
+      answer (a stacked estimator plugin), else, when no plugin answers, the rounded mean output
+      length of the requests of the same tenant that completed so far (`prior_output_tokens` until
+      the tenant has one): the estimate of `length_mean`, which `srpt` keeps privately in
+      `mean_lengths` (it does not answer the hook for other plugins).
 
     Options (`[plugin_options.srpt]`):
 
@@ -81,8 +83,7 @@ class SRPT:
     def __init__(
         self, prior_output_tokens: int = 128, max_wait_s: float | None = None, prefill_weight: float | None = None
     ) -> None:
-        if isinstance(prior_output_tokens, bool) or not isinstance(prior_output_tokens, int) or prior_output_tokens < 0:
-            raise ValueError(f"prior_output_tokens must be an int >= 0, got {prior_output_tokens!r}")
+        self.mean_lengths = LengthMean(prior_output_tokens)  # the estimate when no plugin answers
         if max_wait_s is not None and (
             isinstance(max_wait_s, bool)
             or not isinstance(max_wait_s, (int, float))
@@ -99,7 +100,6 @@ class SRPT:
         self.prefill_weight = None if prefill_weight is None else float(prefill_weight)
         self.max_wait_s = None if max_wait_s is None else float(max_wait_s)
         self.expected: dict[Sequence, int] = {}  # total output tokens expected, per live sequence
-        self.tenant_stats: dict[str, list[int]] = {}  # tenant -> [sum of output tokens, count]
         self.queue = LazyHeap(rekey=True)  # by (remaining, arrival), keyed at each push
         self.by_arrival = None  # the guard's queue, by arrival
         if max_wait_s is not None:
@@ -108,14 +108,15 @@ class SRPT:
     # --- estimates -----------------------------------------------------------------------------
 
     def expected_output(self, ctx: StepContext, seq: Sequence) -> int:
-        """The total output length expected of `seq` (the hint, else the hook), cached per sequence."""
+        """The total output length expected of `seq` (the hint, else the hook, else the tenant's
+        mean), cached per sequence."""
         est = self.expected.get(seq)
         if est is None:
             est = seq.expected_output_tokens
             if est is None:
                 est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)
                 if est is None:
-                    est = self.prior_output_tokens
+                    est = self.mean_lengths.estimate_output_tokens(seq)
                 elif isinstance(est, bool) or not isinstance(est, int) or est < 0:
                     raise ValueError(
                         f"estimate_output_tokens answered {est!r} for {seq.seq_id!r}; expected an int >= 0"
@@ -129,13 +130,6 @@ class SRPT:
         if weight is None:
             weight = 1.0 / ctx.config.max_num_batched_tokens
         return weight * tokens_to_prefill(seq) + seq.remaining_output_tokens(self.expected_output(ctx, seq))
-
-    @hookimpl(trylast=True)
-    def estimate_output_tokens(self, seq: Sequence) -> int:
-        stats = self.tenant_stats.get(seq.tenant)
-        if not stats:
-            return self.prior_output_tokens
-        return round(stats[0] / stats[1])
 
     # --- observers -----------------------------------------------------------------------------
 
@@ -159,17 +153,11 @@ class SRPT:
 
     @hookimpl
     def on_finished(self, seqs: list[Sequence]) -> None:
-        stats, expected, discard = self.tenant_stats, self.expected, self.queue.discard
+        expected, discard = self.expected, self.queue.discard
         for s in seqs:
             expected.pop(s, None)
             discard(s)
-            if s.finish_reason in _COMPLETED:
-                st = stats.get(s.tenant)
-                if st is None:
-                    stats[s.tenant] = [s.num_output_tokens, 1]
-                else:
-                    st[0] += s.num_output_tokens
-                    st[1] += 1
+        self.mean_lengths.on_finished(seqs)
 
     # --- decisions -----------------------------------------------------------------------------
 

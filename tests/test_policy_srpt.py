@@ -14,7 +14,7 @@ from metroline.core.errors import PluginLoadError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.request import SamplingParams
 from metroline.core.runner import run_workload
-from metroline.core.sequence import FinishReason, Sequence
+from metroline.core.sequence import Sequence
 from metroline.core.workloads import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
@@ -85,7 +85,7 @@ def test_without_a_hint_it_learns_a_mean_per_tenant():
     engine.add_request(hinted("b1", 4, None, max_new=2, tenant="B"))
     run_to_end(engine)
     pol = engine.plugins.get("srpt")
-    assert pol.tenant_stats == {"A": [40, 2], "B": [2, 1]}
+    assert pol.mean_lengths.tenant_stats == {"A": [40, 2], "B": [2, 1]}
     # A's mean is 20 tokens, B's 2, C has none (prior 20, and C arrived first: before A on the tie)
     t = engine.executor.now()
     engine.add_request(hinted("c", 4, None, max_new=30, tenant="C", arrival_time=t))
@@ -96,21 +96,22 @@ def test_without_a_hint_it_learns_a_mean_per_tenant():
     assert admitted(engine) == ["b1", "a2", "a1", "b2", "c", "a3"]
 
 
-def test_estimate_output_tokens_unit():
-    pol = SRPT(prior_output_tokens=50)
-
-    def done(tenant, n, reason):
-        s = Sequence("x", [1, 2], SamplingParams(max_new_tokens=100), 0.0, tenant=tenant)
-        s.token_ids += [3] * n
-        s.finish_reason = reason
-        return s
-
-    probe = Sequence("p", [1], SamplingParams(), 0.0, tenant="t")
-    assert pol.estimate_output_tokens(seq=probe) == 50
-    pol.on_finished(seqs=[done("t", 10, FinishReason.LENGTH), done("t", 21, FinishReason.EOS),
-                          done("t", 99, FinishReason.CANCELLED), done("u", 7, FinishReason.STOP)])
-    assert pol.estimate_output_tokens(seq=probe) == 16  # round(31 / 2); the cancelled one is left out
-    assert pol.tenant_stats == {"t": [31, 2], "u": [7, 1]}
+def test_srpt_alone_orders_as_srpt_with_the_length_mean_plugin():
+    """srpt's own estimate (when no plugin answers) is `length_mean`'s, same prior."""
+    orders = []
+    for specs in ((), ("metroline.policies.length_estimators:LengthMean",)):
+        engine = make_engine(policy="srpt", specs=specs, max_num_seqs=1)
+        for i, (tenant, out) in enumerate((("A", 30), ("B", 3), ("A", 10), ("B", 5), ("C", 1))):
+            engine.add_request(hinted(f"w{i}", 4, None, max_new=out, tenant=tenant))
+        run_to_end(engine)
+        t = engine.executor.now()
+        for tenant in "ABC":
+            engine.add_request(hinted(f"late-{tenant}", 4, None, max_new=40, tenant=tenant, arrival_time=t))
+        run_to_end(engine)
+        orders.append(admitted(engine))
+    assert orders[0] == orders[1]
+    # means A 20, B 4, C 1: the late requests go C, B, A (shortest first) although they came A, B, C
+    assert orders[0][-3:] == ["late-C", "late-B", "late-A"]
 
 
 class PromptLengthEstimator:
@@ -123,7 +124,7 @@ class PromptLengthEstimator:
         return seq.num_prompt_tokens
 
 
-def test_another_plugins_estimate_wins_over_srpts_own():
+def test_a_plugins_estimate_wins_over_srpts_own():
     engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[PromptLengthEstimator()])
     for rid, prompt in (("p12", 12), ("p4", 4), ("p8", 8)):
         engine.add_request(hinted(rid, prompt, None, arrival_time=0.0))

@@ -7,15 +7,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import pytest
+
 from metroline.executors.torch.reference_attention import paged_attention, write_kv
 
-
-def test_paged_attention_equals_dense_causal_attention():
-    g = torch.Generator().manual_seed(0)
-    heads, kv_heads, dim, bs, num_blocks = 4, 2, 8, 4, 32
+SHAPES = {
     # (context after the step, new tokens): a decode, a chunk after a cached prefix, a whole prompt,
     # a decode on a context that ends exactly at a block boundary
-    shapes = [(9, 1), (11, 5), (6, 6), (8, 1)]
+    "mixed": [(9, 1), (11, 5), (6, 6), (8, 1)],
+    # equal (query, context) shapes batched together: adjacent and apart, whole prompts and
+    # chunks after a prefix, decodes around them
+    "batched": [(7, 7), (7, 7), (3, 1), (10, 3), (7, 7), (10, 3), (13, 1), (10, 3)],
+    "decodes only": [(5, 1), (17, 1), (1, 1), (16, 1)],
+}
+
+
+@pytest.mark.parametrize("shapes", SHAPES.values(), ids=SHAPES.keys())
+def test_paged_attention_equals_dense_causal_attention(shapes):
+    g = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, bs, num_blocks = 4, 2, 8, 4, 64
     k_cache = torch.zeros(num_blocks, bs, kv_heads, dim)
     v_cache = torch.zeros(num_blocks, bs, kv_heads, dim)
     perm = torch.randperm(num_blocks, generator=g).tolist()

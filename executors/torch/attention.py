@@ -29,10 +29,13 @@ class StepMeta:
     `slot_mapping: int64 [num_tokens]`, `block_tables: int32 [num_seqs, max_blocks]`,
     `seq_lens: int32 [num_seqs]` (context after the step), `query_start_loc: int32 [num_seqs + 1]`,
     `k_caches`, `v_caches`: one `[num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer,
-    `ops`: the module with `write_kv` and `paged_attention` to use.
+    `ops`: the module with `write_kv` and `paged_attention` to use. When `ops` also has `plan_step`
+    and `attend` (the torch reference), `layout` is its plan of the step, made once here for
+    every layer.
     """
 
-    __slots__ = ("slot_mapping", "block_tables", "seq_lens", "query_start_loc", "k_caches", "v_caches", "ops")
+    __slots__ = ("slot_mapping", "block_tables", "seq_lens", "query_start_loc", "k_caches", "v_caches", "ops",
+                 "layout")
 
     def __init__(self, slot_mapping, block_tables, seq_lens, query_start_loc, k_caches, v_caches, ops) -> None:
         self.slot_mapping = slot_mapping
@@ -42,6 +45,8 @@ class StepMeta:
         self.k_caches = k_caches
         self.v_caches = v_caches
         self.ops = ops
+        plan_step = getattr(ops, "plan_step", None)
+        self.layout = plan_step(block_tables, seq_lens, query_start_loc, k_caches[0].shape[1]) if plan_step else None
 
 
 _current: StepMeta | None = None
@@ -88,14 +93,16 @@ def paged_attention_forward(
         raise ValueError(f"metroline_paged attention expects one packed batch, got batch size {query.shape[0]}")
     layer = module.layer_idx
     k_cache, v_cache = meta.k_caches[layer], meta.v_caches[layer]
-    q = query[0].transpose(0, 1).contiguous()
-    k = key[0].transpose(0, 1).contiguous()
-    v = value[0].transpose(0, 1).contiguous()
-    meta.ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = meta.ops.paged_attention(
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
-    )
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if meta.layout is not None:  # the torch reference takes any strides
+        meta.ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = meta.ops.attend(q, k_cache, v_cache, meta.layout, scale)
+    else:
+        meta.ops.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), meta.slot_mapping)
+        out = meta.ops.paged_attention(
+            q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+        )
     return out.unsqueeze(0), None
 
 

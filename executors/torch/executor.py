@@ -2,7 +2,9 @@
 
 A step's block ops (copy-on-write copies, swaps) run first, in plan order; then its prefill chunks
 and decodes run as one packed forward (batch 1, explicit positions, no padding), and the LM head
-runs only on the last token of each sequence in `plan.sample_seqs`.
+runs only on the last token of each sequence in `plan.sample_seqs`. On CPU in float32 the model's
+linear layers run through oneDNN on prepacked weights during a step (`linear.py`; the model object
+is otherwise unchanged and keeps serving `generate` with torch's own kernels).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from ...core.plan import StepPlan, StepResult
 from ..base import ExecutorStats
-from . import attention
+from . import attention, linear
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 
 CPU_KV_BUDGET = 1 << 30
@@ -61,6 +63,7 @@ class TorchExecutor:
         self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
         self.kv_memory = kv_memory
         self.ops = attention.attention_ops(self.device)
+        self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
@@ -173,7 +176,7 @@ class TorchExecutor:
             self.kv.k_layers, self.kv.v_layers, self.ops,
         )
         keep = torch.tensor([last_row[s] for s in plan.sample_seqs], dtype=torch.int64, device=dev)
-        with attention.active_step(meta):
+        with attention.active_step(meta), linear.active():
             out = self.model(
                 input_ids=torch.tensor([ids], device=dev),
                 position_ids=torch.tensor([positions], device=dev),
@@ -191,6 +194,7 @@ class TorchExecutor:
             "dtype": str(self.dtype).removeprefix("torch."),
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "attention": self.ops.__name__.rsplit(".", 1)[-1],
+            "linear": "onednn" if self.onednn_linears else "torch",
             **self.stats.as_dict(),
         }
 
