@@ -353,6 +353,13 @@ def test_the_conformance_tests_of_the_guide_pass(guide):
         assert re.search(r"\b1 passed\b", out)
 
 
+def test_strict_check_on_the_suites_tenants_alone_shows_the_tenant_code_never_ran(guide, on_path):
+    (snippet,) = [b for lang, b in BLOCKS if lang == "python" and "suite's tenants\")" in b]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(guide / "site"))  # acme_tenants installed (its entry point)
+        exec(snippet, {})
+
+
 def test_a_bad_victim_fails_the_suite_naming_plugin_and_hook(on_path):
     (snippet,) = [b for lang, b in BLOCKS if lang == "python" and "BadVictim\")" in b]
     exec(snippet, {})
@@ -414,7 +421,7 @@ def test_the_reference_build_command_is_the_one_ci_runs():
     assert {r.split(">")[0] for r in extras["docs"]} <= {r.split(">")[0] for r in extras["test"]}
 
 
-SNIPPETS = {"python": ["recorder = Recorder()", "BadVictim\")"], "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"]}
+SNIPPETS = {"python": ["recorder = Recorder()", "BadVictim\")", "suite's tenants\")"], "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"]}
 COMMANDS = [
     ("quiet_batch:QuietBatch",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
     ("compare", "acme_tenants"), ("hrrn:HRRN", "compare"), ("las:LAS", "compare"), ("lengths:",),
