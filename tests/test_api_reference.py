@@ -53,7 +53,7 @@ def public_members(cls) -> list[str]:
 
 PLUGIN_CLASSES = [
     sequence.Sequence, context.StepContext, plan.StepPlan, candidates.Candidates, budget.Split,
-    preemption.Preempt, lazy_heap.LazyHeap, inflight.PromptsInFlight,
+    preemption.Preempt, lazy_heap.LazyHeap, inflight.PromptsInFlight, testing.ConformanceReport,
 ]
 PLUGIN_FUNCTIONS = [
     candidates.close_candidates, preemption.is_protected, lazy_heap.arrival_key, queue_order.queued_in_order,
@@ -61,7 +61,7 @@ PLUGIN_FUNCTIONS = [
     workload_specs.load_spec, workload_generators.generate,
 ]
 OTHER_NAMES = [
-    lazy_heap.ArrivalQueue, testing.ConformanceError, testing.ConformanceReport, sequence.SeqState,
+    lazy_heap.ArrivalQueue, testing.ConformanceError, sequence.SeqState,
     sequence.FinishReason, workload_items.Workload,
 ]
 
