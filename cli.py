@@ -16,6 +16,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from .core.commands.calibrate import cmd_calibrate
+from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from .core.commands.compare import POLICIES, cmd_compare
 from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, run_flags, slo_flag, sweep_flags
 from .core.commands.generate import cmd_generate
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="rerun a result document's command (its manifest) and say whether "
                             "the result matches")
     replay.add_argument("file", metavar="FILE", help="a result document written with --json")
-    plugins = sub.add_parser("plugins", help="list the loaded plugins and the hooks each implements")
+    plugins = sub.add_parser("plugins", help="list the loaded plugins, the hooks each implements and their options")
     engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = sub.add_parser("calibrate", help="time a real model over batch shapes and fit the simulator's "
                                "cost model to it (--cost-model calibrated --cost-param path=FILE)")
     calibrate_flags(calibrate)
+    add_check_plugin_parser(sub)
     return parser
 
 
@@ -131,6 +133,7 @@ def rerun(argv: list[str], out: Path) -> None:
 
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "plugins": cmd_plugins,
             "workloads": cmd_workloads, "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate,
+            "check-plugin": cmd_check_plugin,
             "replay": lambda args: cmd_replay(args, rerun)}
 """The body of each command."""
 

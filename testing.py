@@ -37,7 +37,7 @@ goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `wor
 own workload (a `Workload`, a `SyntheticSpec` or its dict, a built-in name or a file path) to the
 suite's, with its own tenants. The report's `coverage` says, for each hook your plugin implements,
 how many times it was called and how many times its answer changed the answer without it (see
-`metroline.hook_coverage`); a hook that was never called, or never changed an answer, is a
+`metroline.core.hook_coverage`); a hook that was never called, or never changed an answer, is a
 warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
 """
 
@@ -54,13 +54,14 @@ from typing import Any
 
 from .core.config import EngineConfig
 from .core.plugins import SHIPPED, resolve
+from .core.plugin_loader import instantiate
 from .core.engine import Engine
 from .core.runner import replay, result_of
 from .core.sequence import FinishReason, SeqState
 from .core.workloads import SyntheticSpec, Workload, build_workload, generate
 from .executors.cost_models import make_cost_model
 from .executors.simulated import SimulatedExecutor
-from .hook_coverage import HookCoverage, watch
+from .core.hook_coverage import HookCoverage, watch
 
 PER_STEP_LIMITS: dict[str, int] = {
     "admission": 1,
@@ -339,7 +340,7 @@ def check_plugin(
                 return conformance_config(policy=spec, **fields), []
             return conformance_config(policy=base, plugins=[spec], **fields), []
         fields["policy"] = base
-        obj = target(**options) if inspect.isclass(target) else target
+        obj = instantiate(spec, target, options)[1] if inspect.isclass(target) else target
         return conformance_config(**fields), [obj]
 
     report = ConformanceReport(name)

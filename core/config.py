@@ -50,7 +50,8 @@ class EngineConfig(BaseModel):
 
     Plugins: `policy` names the base policy (a shipped one, an entry point, or a dotted path);
     `plugins` lists more plugins stacked on top of it, later ones taking precedence;
-    `plugin_options` maps a plugin's name to the options it reads (see each plugin's docstring).
+    `plugin_options` maps a plugin's name to its table of options, validated when the plugin is
+    loaded against the plugin's `Options` model (`metroline plugins` lists them).
 
     Fidelity options (what real engines do; defaults follow vLLM v1, see the README):
 
@@ -126,13 +127,17 @@ class EngineConfig(BaseModel):
         return self.num_blocks * self.block_size
 
     def options_for(self, *names: str) -> dict[str, Any]:
-        """The options given to a plugin under the first of its `names` (its name, then its spec)
-        that has any in `plugin_options`; an empty dict when none has."""
-        for name in names:
-            options = self.plugin_options.get(name)
-            if options:
-                return options
-        return {}
+        """The raw options table given to a plugin under one of its `names` (its name, then its
+        spec); an empty dict when none has one. The plugin manager validates it against the
+        plugin's `Options` model, if it declares one (`core/plugin_options.py`). Tables under two
+        of the names are an error (one would be ignored)."""
+        given = [name for name in dict.fromkeys(names) if self.plugin_options.get(name)]
+        if len(given) > 1:
+            raise ValueError(
+                f"plugin {names[0]!r}: options given under both {given[0]!r} and {given[1]!r} "
+                "in plugin_options; keep one"
+            )
+        return self.plugin_options[given[0]] if given else {}
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -6,9 +6,11 @@ A plugin spec is one of:
 - the name of an entry point in the group `metroline.plugins` of any installed distribution,
 - a dotted path `package.module:attribute` or `package.module`.
 
-The target may be a class (instantiated with the plugin's options as keyword arguments, so each
-engine gets its own state), an instance, or a module. A plugin's name is its `name` attribute when
-it has one, else the spec; options are looked up under either in `EngineConfig.plugin_options`.
+The target may be a class (instantiated for each engine, so each gets its own state), an instance,
+or a module. A plugin's name is its `name` attribute when it has one, else the spec; options are
+looked up under either in `EngineConfig.plugin_options`. A class that declares its options as a
+pydantic model `Options` is called with the table validated into it (see `plugin_options`); any
+other class with the table as keyword arguments. An instance or a module takes no options.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from . import hookspecs
 from .errors import PluginLoadError
+from .plugin_options import options_model, validate_options
 
 ENTRY_POINT_GROUP = "metroline.plugins"
 
@@ -38,6 +41,9 @@ SHIPPED: dict[str, str] = {
     "weighted_budget": "metroline.policies.budget_split:WeightedBudget",
     "reserve": "metroline.policies.reserve:ReserveBlocks",
     "auto_preemption": "metroline.policies.auto_preemption:AutoPreemption",
+    # output-length estimators (answer estimate_output_tokens under any policy)
+    "length_mean": "metroline.policies.length_estimators:LengthMean",
+    "length_regression": "metroline.policies.length_estimators:LengthRegression",
     # building blocks for platform teams
     "tenant_quota": "metroline.plugins_contrib.tenant_quota:TenantQuota",
     "prefix_aware": "metroline.plugins_contrib.prefix_aware:PrefixAware",
@@ -85,7 +91,9 @@ def import_dotted(path: str, label: str, error: type[Exception] = PluginLoadErro
 
 
 def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, Any]:
-    """Build the plugin object from what `resolve` found; return (name, plugin)."""
+    """Build the plugin object from what `resolve` found; return (name, plugin). A class with an
+    `Options` model gets `options` validated into it (a `PluginOptionsError` names the plugin and
+    each bad option); another class gets them as keyword arguments."""
     name = plugin_name(target, spec)
     if not has_hooks(target):
         raise PluginLoadError(
@@ -93,8 +101,13 @@ def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, A
             "with @hookimpl methods named like the hooks of metroline.core.hookspecs)"
         )
     if inspect.isclass(target):
+        model = options_model(target)
         try:
+            if model is not None:
+                return name, target(validate_options(name, model, options))
             return name, target(**options)
+        except PluginLoadError:
+            raise
         except (TypeError, ValueError) as exc:
             raise PluginLoadError(f"plugin {name!r}: bad options {options!r}: {exc}") from exc
         except Exception as exc:

@@ -8,6 +8,7 @@ names other modules import from here (`SHIPPED`, `ENTRY_POINT_GROUP`, `resolve`,
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import pluggy
@@ -51,7 +52,10 @@ class PluginManager:
             target = resolve(spec)
             name = plugin_name(target, spec)
             known.update((name, spec))
-            options = config.options_for(name, spec)
+            try:
+                options = config.options_for(name, spec)
+            except ValueError as exc:
+                raise PluginLoadError(str(exc)) from None
             self.add(*instantiate(spec, target, options))
         for plugin in extra or ():
             name = plugin_name(plugin, type(plugin).__name__)
@@ -59,8 +63,10 @@ class PluginManager:
             self.add(name, plugin)
         stray = sorted(set(config.plugin_options) - known)
         if stray:
+            close = difflib.get_close_matches(stray[0], sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
             raise PluginLoadError(
-                f"plugin_options.{stray[0]}: no plugin {stray[0]!r} is loaded (loaded: {', '.join(sorted(known))})"
+                f"plugin_options.{stray[0]}: no plugin {stray[0]!r} is loaded{hint} (loaded: {', '.join(sorted(known))})"
             )
         self.hook = HookRelay(self._pm.hook, self._observer_errors)
 

@@ -13,5 +13,6 @@
   stacks on any policy. `--policy fcfs --plugin slo_classes`
 
 Each is registered by name in `metroline.core.plugins.SHIPPED`; options go in the config file's
-`[plugin_options.NAME]` table. See each class's docstring and docs/contrib.md.
+`[plugin_options.NAME]` table and are declared by each class's `Options` model (`metroline
+plugins` lists them). See each class's docstring and docs/contrib.md.
 """

@@ -4,11 +4,15 @@ nothing cached cannot starve."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import SWAPPED, Sequence
 from ..core.victims import last_admitted_victim
 
@@ -34,11 +38,7 @@ class PrefixAware(ArrivalQueue):
     arrived before that point. With `aging_rate = 0` this is plain LPM, under which a request
     with no cached prefix waits as long as requests with a cached one keep arriving.
 
-    Options (`[plugin_options.prefix_aware]`):
-
-    - `window` (int >= 1, default 64): how many of the oldest waiting requests are scored.
-    - `aging_rate` (tokens per second >= 0, default 1000): what one second of waiting is worth in
-      cached tokens.
+    Options: see `PrefixAware.Options` (`window`, `aging_rate`).
 
     Cost per step: O(window log n) to take the window from the arrival heap (n waiting), one
     prefix-cache lookup per window entry (O(cached blocks + 1) each), O(window log window) to
@@ -59,17 +59,20 @@ class PrefixAware(ArrivalQueue):
 
     name = "prefix_aware"
 
-    def __init__(self, window: int = 64, aging_rate: float = 1000.0) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"prefix_aware option window must be an integer >= 1, got {window!r}")
-        if (
-            isinstance(aging_rate, bool) or not isinstance(aging_rate, (int, float))
-            or not 0 <= aging_rate < float("inf")
-        ):
-            raise ValueError(f"prefix_aware option aging_rate must be a finite number >= 0 (tokens/s), got {aging_rate!r}")
+    class Options(PluginOptions):
+        """`[plugin_options.prefix_aware]`."""
+
+        window: int = Field(default=64, ge=1, description="how many of the oldest waiting requests are scored")
+        aging_rate: float = Field(
+            default=1000.0, ge=0, allow_inf_nan=False,
+            description="what one second of waiting is worth in cached tokens (tokens per second)",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
         super().__init__()
-        self.window = window
-        self.aging_rate = float(aging_rate)
+        self.window = self.options.window
+        self.aging_rate = self.options.aging_rate
 
     @hookimpl
     def admission(self, ctx: StepContext) -> Candidates:

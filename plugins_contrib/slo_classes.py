@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from ..core.budget import Split
 from ..core.candidates import Candidates, close_candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.preemption import Preempt
 from ..core.sequence import QUEUED, RUNNING, Sequence
 
 INTERACTIVE = "interactive"
 BATCH = "batch"
+ServiceClass = Literal["interactive", "batch"]
 
 
 class SLOClasses:
@@ -43,14 +47,8 @@ class SLOClasses:
       batch request admitted last is preempted instead, with the mode the base chose. A waiting
       requester the base would not make room for still waits.
 
-    Options (`[plugin_options.slo_classes]`):
-
-    - `classes` {tenant: "interactive" | "batch"};
-    - `interactive_max_priority` (int or None, default 0): priorities <= it are interactive
-      (lower is more urgent); None: the priority does not decide the class;
-    - `default_class` ("batch" or "interactive", default "batch"): for the other requests;
-    - `interactive_decode_share` (0..1, default 0.25): the fraction of the step's token budget
-      reserved for interactive decodes.
+    Options: see `SLOClasses.Options` (`classes`, `interactive_max_priority`, `default_class`,
+    `interactive_decode_share`).
 
     Cost per step: O(interactive running) for the split, O(running) for the order (the hook
     hands over the whole running list; nothing is done when no interactive request runs), O(1)
@@ -59,41 +57,29 @@ class SLOClasses:
 
     name = "slo_classes"
 
-    def __init__(
-        self,
-        classes: dict[str, str] | None = None,
-        interactive_max_priority: int | None = 0,
-        default_class: str = BATCH,
-        interactive_decode_share: float = 0.25,
-    ) -> None:
-        if classes is None:
-            classes = {}
-        if not isinstance(classes, dict):
-            raise ValueError(f"slo_classes option classes must be a table {{tenant: class}}, got {classes!r}")
-        for tenant, cls in classes.items():
-            if cls not in (INTERACTIVE, BATCH):
-                raise ValueError(
-                    f"slo_classes option classes[{tenant!r}] must be 'interactive' or 'batch', got {cls!r}"
-                )
-        if interactive_max_priority is not None and (
-            isinstance(interactive_max_priority, bool) or not isinstance(interactive_max_priority, int)
-        ):
-            raise ValueError(
-                f"slo_classes option interactive_max_priority must be an integer, got {interactive_max_priority!r}"
-            )
-        if default_class not in (INTERACTIVE, BATCH):
-            raise ValueError(f"slo_classes option default_class must be 'interactive' or 'batch', got {default_class!r}")
-        if (
-            isinstance(interactive_decode_share, bool) or not isinstance(interactive_decode_share, (int, float))
-            or not 0.0 <= interactive_decode_share <= 1.0
-        ):
-            raise ValueError(
-                f"slo_classes option interactive_decode_share must be a number in [0, 1], got {interactive_decode_share!r}"
-            )
-        self.classes = {str(t): c == INTERACTIVE for t, c in classes.items()}
-        self.interactive_max_priority = interactive_max_priority
-        self.default_interactive = default_class == INTERACTIVE
-        self.interactive_decode_share = float(interactive_decode_share)
+    class Options(PluginOptions):
+        """`[plugin_options.slo_classes]`."""
+
+        classes: dict[str, ServiceClass] = Field(
+            default_factory=dict, description="{tenant: class}: the class of every request of the tenant"
+        )
+        interactive_max_priority: int | None = Field(
+            default=0,
+            description="priorities <= it are interactive (lower is more urgent); None: the priority does not "
+            "decide the class",
+        )
+        default_class: ServiceClass = Field(default=BATCH, description="the class of the other requests")
+        interactive_decode_share: float = Field(
+            default=0.25, ge=0, le=1, allow_inf_nan=False,
+            description="the fraction of the step's token budget reserved for interactive decodes",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = self.options = take_options(self, args, kwargs)
+        self.classes = {t: c == INTERACTIVE for t, c in options.classes.items()}
+        self.interactive_max_priority = options.interactive_max_priority
+        self.default_interactive = options.default_class == INTERACTIVE
+        self.interactive_decode_share = options.interactive_decode_share
         self.interactive_running: dict[Sequence, None] = {}
         """Running interactive sequences, in admission order (as reported by `on_admitted`)."""
         self.batch_running: dict[Sequence, None] = {}

@@ -7,34 +7,23 @@ the base policy's `admission` answer and keeps its order and its head-of-line ch
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import QUEUED, Sequence
 
 _EPS = 1e-9  # tokens: a bucket that refilled to `need` up to rounding holds `need`
 
 
-def _int_at_least(option: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"tenant_quota option {option} must be an integer >= {low}, got {value!r}")
-    return value
-
-
-def _positive_number(option: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ValueError(f"tenant_quota option {option} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _tenant_table(option: str, value: Any) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"tenant_quota option {option} must be a table {{tenant: limit}}, got {value!r}")
-    return value
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A token rate or a bucket size: a finite number > 0."""
+Cap = Annotated[int, Field(ge=1)]
+"""A cap on running sequences: an int >= 1."""
 
 
 class _Bucket:
@@ -63,19 +52,15 @@ class TenantQuota:
     blocks the queue: the ones behind it (other tenants) are still tried, even under a
     head-of-line base policy. Tenants without a limit pass through untouched.
 
-    Options (`[plugin_options.tenant_quota]`):
+    Options: see `TenantQuota.Options` (`max_running`, `default_max_running`, `token_rate`,
+    `default_token_rate`, `burst`).
 
-    - `max_running` {tenant: n >= 1}: at most n of the tenant's sequences run at once.
-    - `default_max_running` n >= 1: the cap of every tenant not named in `max_running`
-      (default: no cap).
-    - `token_rate` {tenant: tokens/s > 0} and `default_token_rate` (tokens/s, for the tenants not
-      named): a token bucket per tenant that holds at most `burst` tokens, starts full and refills
-      at the rate on the engine clock (`ctx.now`). A request is charged its prompt tokens when it
-      is first admitted (a readmission after preemption is not charged again) and one token per
-      generated token (`on_tokens`). A not-yet-charged candidate passes only when its tenant's
-      bucket holds its prompt tokens (or is full, for a prompt longer than `burst`); the bucket
-      may go negative by generated tokens, which blocks the tenant's admissions until it refills.
-    - `burst` tokens > 0: the bucket size (default: one second of the tenant's rate).
+    Token rate: a token bucket per tenant that holds at most `burst` tokens, starts full and
+    refills at the rate on the engine clock (`ctx.now`). A request is charged its prompt tokens
+    when it is first admitted (a readmission after preemption is not charged again) and one token
+    per generated token (`on_tokens`). A not-yet-charged candidate passes only when its tenant's
+    bucket holds its prompt tokens (or is full, for a prompt longer than `burst`); the bucket may
+    go negative by generated tokens, which blocks the tenant's admissions until it refills.
 
     Guarantee (token rate): for every admission of a tenant at time t, the tokens charged to that
     tenant over any window [t0, t] (admissions at t included) are at most
@@ -103,29 +88,32 @@ class TenantQuota:
 
     name = "tenant_quota"
 
-    def __init__(
-        self,
-        max_running: dict[str, int] | None = None,
-        default_max_running: int | None = None,
-        token_rate: dict[str, float] | None = None,
-        default_token_rate: float | None = None,
-        burst: float | None = None,
-    ) -> None:
-        self.max_running = {
-            str(t): _int_at_least(f"max_running[{t!r}]", n, 1)
-            for t, n in _tenant_table("max_running", max_running).items()
-        }
-        self.default_max_running = (
-            None if default_max_running is None else _int_at_least("default_max_running", default_max_running, 1)
+    class Options(PluginOptions):
+        """`[plugin_options.tenant_quota]`."""
+
+        max_running: dict[str, Cap] = Field(
+            default_factory=dict, description="{tenant: n}: at most n of the tenant's sequences run at once"
         )
-        self.token_rate = {
-            str(t): _positive_number(f"token_rate[{t!r}]", r)
-            for t, r in _tenant_table("token_rate", token_rate).items()
-        }
-        self.default_token_rate = (
-            None if default_token_rate is None else _positive_number("default_token_rate", default_token_rate)
+        default_max_running: Cap | None = Field(
+            default=None, description="the cap of every tenant not named in `max_running`; None: no cap"
         )
-        self.burst = None if burst is None else _positive_number("burst", burst)
+        token_rate: dict[str, Rate] = Field(
+            default_factory=dict, description="{tenant: tokens per second}: the tenant's token bucket's rate"
+        )
+        default_token_rate: Rate | None = Field(
+            default=None, description="the rate of every tenant not named in `token_rate`; None: no rate limit"
+        )
+        burst: Rate | None = Field(
+            default=None, description="the bucket size in tokens; None: one second of the tenant's rate"
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = self.options = take_options(self, args, kwargs)
+        self.max_running = dict(options.max_running)
+        self.default_max_running = options.default_max_running
+        self.token_rate = dict(options.token_rate)
+        self.default_token_rate = options.default_token_rate
+        self.burst = options.burst
         self.running: dict[str, int] = {}
         """Running sequences per tenant (the sum of `_slots` over the tenant's sequences)."""
         self._slots: dict[Sequence, int] = {}

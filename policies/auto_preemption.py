@@ -7,12 +7,14 @@ auto_preemption`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator
 from typing import Any
 
+from pydantic import Field
+
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.preemption import RECOMPUTE, SWAP, Preempt
 from ..core.sequence import RUNNING, SWAPPED, Sequence
 
@@ -35,9 +37,7 @@ class AutoPreemption:
     arrivals and raises `ValueError` naming the option (the engine stops with a `PluginError`):
     falling back to recompute silently would make `auto` runs look like `recompute` ones.
 
-    Options:
-    - `max_swapped_share` (float >= 0, default 0.5): the cap on swapped requests as a share of the
-      running ones; 0 always recomputes.
+    Options: see `AutoPreemption.Options` (`max_swapped_share`).
 
     Counters: `swaps` and `recomputes`, the preemptions that ended swapped or recomputed.
     No admission order and no budget split.
@@ -45,17 +45,17 @@ class AutoPreemption:
 
     name = "auto_preemption"
 
-    def __init__(self, max_swapped_share: float = 0.5) -> None:
-        if (
-            isinstance(max_swapped_share, bool)
-            or not isinstance(max_swapped_share, (int, float))
-            or not math.isfinite(max_swapped_share)
-            or max_swapped_share < 0
-        ):
-            raise ValueError(
-                f"auto_preemption: option max_swapped_share must be a finite number >= 0, got {max_swapped_share!r}"
-            )
-        self.max_swapped_share = float(max_swapped_share)
+    class Options(PluginOptions):
+        """`[plugin_options.auto_preemption]`."""
+
+        max_swapped_share: float = Field(
+            default=0.5, ge=0, allow_inf_nan=False,
+            description="the cap on swapped requests as a share of the running ones; 0 always recomputes",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.max_swapped_share = self.options.max_swapped_share
         self.swaps = 0
         self.recomputes = 0
         self._checked = False

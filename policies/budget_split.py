@@ -17,28 +17,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import Field, ValidationInfo, field_validator
+
 from ..core.budget import Split
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.inflight import PromptsInFlight, missing_blocks
 from ..core.plan import StepPlan
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import Sequence
 
 
-def _int_option(plugin: str, option: str, value: Any, low: int, *, optional: bool = False) -> int | None:
-    """`value` as an int >= `low` (None allowed when `optional`), or a ValueError naming the option."""
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        allowed = f"an integer >= {low}" + (" or None" if optional else "")
-        raise ValueError(f"{plugin}: option {option} must be {allowed}, got {value!r}")
-    return value
-
-
-def _positive_float(plugin: str, option: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{plugin}: option {option} must be a finite number > 0, got {value!r}")
-    return float(value)
+def max_partial_prefills_option() -> Any:
+    """The `max_partial_prefills` option, which the three strategies share."""
+    return Field(
+        default=None, ge=1,
+        description="at most this many sequences get a prefill chunk per step (`Split.max_prefills`); "
+        "running partial prefills are served first, so this also caps how many prompts are in flight "
+        "at once; None: no cap",
+    )
 
 
 class DecodeFirst:
@@ -51,23 +48,27 @@ class DecodeFirst:
     instead of taking whole steps. Whenever a sequence is decoding, the step's decode share is at
     least 1: decodes are never starved by prefill.
 
-    Options:
-    - `max_chunk` (int >= 1, default 512): the longest prefill chunk of one sequence in one step
-      (never above the engine's `max_prefill_chunk`);
-    - `max_partial_prefills` (int >= 1 or None, default None): at most this many sequences get a
-      prefill chunk per step (`Split.max_prefills`); running partial prefills are served first, so
-      this also caps how many prompts are in flight at once.
+    Options: see `DecodeFirst.Options` (`max_chunk`, `max_partial_prefills`).
 
     No admission order (head-of-line or skip is the base policy's) and no victim rule.
     """
 
     name = "decode_first"
 
-    def __init__(self, max_chunk: int = 512, max_partial_prefills: int | None = None) -> None:
-        self.max_chunk = _int_option(self.name, "max_chunk", max_chunk, 1)
-        self.max_partial_prefills = _int_option(
-            self.name, "max_partial_prefills", max_partial_prefills, 1, optional=True
+    class Options(PluginOptions):
+        """`[plugin_options.decode_first]`."""
+
+        max_chunk: int = Field(
+            default=512, ge=1,
+            description="the longest prefill chunk of one sequence in one step (never above the "
+            "engine's `max_prefill_chunk`)",
         )
+        max_partial_prefills: int | None = max_partial_prefills_option()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.max_chunk = self.options.max_chunk
+        self.max_partial_prefills = self.options.max_partial_prefills
 
     @hookimpl
     def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:
@@ -96,9 +97,7 @@ class PrefillFirst:
     (the estimate was wrong, e.g. the base policy's candidate was another one), the next step
     serves decodes first.
 
-    Options:
-    - `max_partial_prefills` (int >= 1 or None, default None): at most this many sequences get a
-      prefill chunk per step (`Split.max_prefills`).
+    Options: see `PrefillFirst.Options` (`max_partial_prefills`).
 
     Prefill chunks are capped by the engine's `max_prefill_chunk` (default: the whole budget). No
     admission order (head-of-line or skip is the base policy's) and no victim rule.
@@ -110,10 +109,14 @@ class PrefillFirst:
     """Waiting sequences looked at per step for the demand estimate (the scan also stops once the
     demand reaches the budget or slots run out)."""
 
-    def __init__(self, max_partial_prefills: int | None = None) -> None:
-        self.max_partial_prefills = _int_option(
-            self.name, "max_partial_prefills", max_partial_prefills, 1, optional=True
-        )
+    class Options(PluginOptions):
+        """`[plugin_options.prefill_first]`."""
+
+        max_partial_prefills: int | None = max_partial_prefills_option()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.max_partial_prefills = self.options.max_partial_prefills
         self._in_flight = PromptsInFlight()
         self._cut_step = -1  # last step whose split took share from decodes for prefill
         self._prefill_step = -1  # last step that scheduled prefill tokens
@@ -193,11 +196,8 @@ class WeightedBudget:
     `weights_from_cost_model(cost_model, target_step_s)` does this. The defaults are the `linear`
     cost model's default coefficients (Llama-3-8B on an A100, estimated) and a 50 ms step target.
 
-    Options (seconds, or any unit used by all three):
-    - `w_prefill` (> 0, default 8.6e-5), `w_decode` (> 0, default 4e-5);
-    - `capacity` (> 0, default 0.041), at least `w_prefill` and `w_decode` so that one token of
-      each kind fits in a step;
-    - `max_partial_prefills` (int >= 1 or None, default None): `Split.max_prefills`.
+    Options: see `WeightedBudget.Options` (`w_prefill`, `w_decode`, `capacity`,
+    `max_partial_prefills`).
 
     Prefill chunks are capped by the engine's `max_prefill_chunk`. No admission order and no
     victim rule.
@@ -205,25 +205,34 @@ class WeightedBudget:
 
     name = "weighted_budget"
 
-    def __init__(
-        self,
-        w_prefill: float = 8.6e-5,
-        w_decode: float = 4e-5,
-        capacity: float = 0.041,
-        max_partial_prefills: int | None = None,
-    ) -> None:
-        self.w_prefill = _positive_float(self.name, "w_prefill", w_prefill)
-        self.w_decode = _positive_float(self.name, "w_decode", w_decode)
-        self.capacity = _positive_float(self.name, "capacity", capacity)
-        for option, weight in (("w_prefill", self.w_prefill), ("w_decode", self.w_decode)):
-            if self.capacity < weight:
-                raise ValueError(
-                    f"{self.name}: option capacity ({capacity!r}) must be at least {option} ({weight!r}): "
-                    "otherwise no such token ever fits in a step"
-                )
-        self.max_partial_prefills = _int_option(
-            self.name, "max_partial_prefills", max_partial_prefills, 1, optional=True
+    class Options(PluginOptions):
+        """`[plugin_options.weighted_budget]`: seconds, or any unit used by all three of `w_prefill`,
+        `w_decode` and `capacity`."""
+
+        w_prefill: float = Field(
+            default=8.6e-5, gt=0, allow_inf_nan=False, description="the cost of one prefill token"
         )
+        w_decode: float = Field(default=4e-5, gt=0, allow_inf_nan=False, description="the cost of one decode token")
+        capacity: float = Field(
+            default=0.041, gt=0, allow_inf_nan=False,
+            description="the most a step may cost; at least `w_prefill` and `w_decode`, so that one token "
+            "of each kind fits in a step",
+        )
+        max_partial_prefills: int | None = max_partial_prefills_option()
+
+        @field_validator("capacity")
+        @classmethod
+        def _fits_one_token(cls, capacity: float, info: ValidationInfo) -> float:
+            for option in ("w_prefill", "w_decode"):
+                weight = info.data.get(option)
+                if weight is not None and capacity < weight:
+                    raise ValueError(f"must be at least {option} ({weight!r}): otherwise no such token ever fits in a step")
+            return capacity
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = self.options = take_options(self, args, kwargs)
+        self.w_prefill, self.w_decode, self.capacity = options.w_prefill, options.w_decode, options.capacity
+        self.max_partial_prefills = options.max_partial_prefills
         self._max_decode = self._fit(self.capacity, self.w_decode)
 
     @staticmethod

@@ -7,16 +7,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import Sequence
 from ..core.victims import last_admitted_victim
 
 
 class FCFS(ArrivalQueue):
     name = "fcfs"
+
+    class Options(PluginOptions):
+        """`fcfs` takes no options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        super().__init__()
 
     @hookimpl
     def admission(self) -> Candidates:

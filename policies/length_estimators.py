@@ -1,7 +1,7 @@
 """Output-length estimators: plugins that answer `estimate_output_tokens` under any policy.
 
 A policy that orders requests by their expected length (`srpt`, a shortest-job or HRRN policy of
-your own) asks `ctx.hooks.estimate_output_tokens(ctx=ctx, seq=seq)` when a request carries no
+your own) asks `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)` when a request carries no
 `expected_output_tokens` hint. Stack one of these to answer it, under any base policy:
 
     metroline run --policy srpt --plugin length_regression
@@ -26,19 +26,19 @@ no plugin answers, so `srpt` alone orders exactly as `srpt` with `--plugin lengt
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
+
+from pydantic import Field
 
 from ..core.hookspecs import hookimpl
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import FinishReason, Sequence
 
 COMPLETED = frozenset((FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP))
 """The finish reasons whose output length an estimator learns from (the request ran to its end)."""
 
 
-def count_option(name: str, value: object, minimum: int) -> int:
-    """`value` when it is an int >= `minimum` (not a bool), else a ValueError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+PRIOR_FIELD = Field(default=128, ge=0, description="the estimate for a tenant with no completed request yet")
 
 
 def rounded_mean(total: int, count: int) -> int:
@@ -61,8 +61,14 @@ class LengthMean:
 
     name = "length_mean"
 
-    def __init__(self, prior_output_tokens: int = 128) -> None:
-        self.prior_output_tokens = count_option("prior_output_tokens", prior_output_tokens, 0)
+    class Options(PluginOptions):
+        """`[plugin_options.length_mean]`."""
+
+        prior_output_tokens: int = PRIOR_FIELD
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.prior_output_tokens = self.options.prior_output_tokens
         self.tenant_stats: dict[str, list[int]] = {}  # tenant -> [sum of output tokens, count]
 
     @hookimpl
@@ -109,9 +115,17 @@ class LengthRegression:
 
     name = "length_regression"
 
-    def __init__(self, prior_output_tokens: int = 128, min_samples: int = 8) -> None:
-        self.prior_output_tokens = count_option("prior_output_tokens", prior_output_tokens, 0)
-        self.min_samples = count_option("min_samples", min_samples, 2)
+    class Options(PluginOptions):
+        """`[plugin_options.length_regression]`."""
+
+        prior_output_tokens: int = PRIOR_FIELD
+        min_samples: int = Field(
+            default=8, ge=2, description="completed requests a tenant needs before its line is used instead of its mean"
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.prior_output_tokens, self.min_samples = self.options.prior_output_tokens, self.options.min_samples
         self.sums: dict[str, list[int]] = {}  # tenant -> [n, sum x, sum y, sum x^2, sum xy]
 
     def line(self, tenant: str) -> tuple[Fraction, Fraction] | None:

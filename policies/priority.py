@@ -11,12 +11,15 @@ its original arrival (and so its key).
 
 from __future__ import annotations
 
-import math
+from typing import Any
+
+from pydantic import Field
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue, LazyHeap
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import RUNNING, Sequence
 
 
@@ -43,11 +46,7 @@ class Priority(ArrivalQueue):
       protected (priority 1 arriving before an urgent request, with threshold 1.0, is never
       preempted for it).
 
-    Options (`[plugin_options.priority]`):
-
-    - `aging_rate` (float >= 0, default 0.0: no aging): priority units gained per second waited.
-    - `preempt_threshold` (float > 0 or None, default 1.0: one priority level): the gap needed to
-      preempt a running request for a waiting one; None never preempts for waiting requests.
+    Options: see `Priority.Options` (`aging_rate`, `preempt_threshold`).
 
     Aging bound: let `p_min` be the most urgent priority in use and `D = (priority - p_min) /
     aging_rate`. A request R is ordered before every request that arrives at or after
@@ -60,21 +59,23 @@ class Priority(ArrivalQueue):
 
     name = "priority"
 
-    def __init__(self, aging_rate: float = 0.0, preempt_threshold: float | None = 1.0) -> None:
-        if isinstance(aging_rate, bool) or not isinstance(aging_rate, (int, float)) or not (
-            math.isfinite(aging_rate) and aging_rate >= 0
-        ):
-            raise ValueError(f"aging_rate must be a finite number >= 0 (priority units per second), got {aging_rate!r}")
-        if preempt_threshold is not None and (
-            isinstance(preempt_threshold, bool)
-            or not isinstance(preempt_threshold, (int, float))
-            or not (math.isfinite(preempt_threshold) and preempt_threshold > 0)
-        ):
-            raise ValueError(
-                f"preempt_threshold must be a finite number > 0 (priority units) or None, got {preempt_threshold!r}"
-            )
-        self.aging_rate = float(aging_rate)
-        self.preempt_threshold = None if preempt_threshold is None else float(preempt_threshold)
+    class Options(PluginOptions):
+        """`[plugin_options.priority]`."""
+
+        aging_rate: float = Field(
+            default=0.0, ge=0, allow_inf_nan=False,
+            description="priority units gained per second waited; 0: no aging",
+        )
+        preempt_threshold: float | None = Field(
+            default=1.0, gt=0, allow_inf_nan=False,
+            description="the gap of effective priority (in priority units; 1.0 is one level) needed to "
+            "preempt a running request for a waiting one; None never preempts for waiting requests",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.aging_rate = self.options.aging_rate
+        self.preempt_threshold = self.options.preempt_threshold
         rate = self.aging_rate
         super().__init__(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
         # the running sequences, worst first (the keys negated): `peek()` is the victim

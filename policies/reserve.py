@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import Field
+
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.inflight import PromptsInFlight
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import QUEUED, SWAPPED, Sequence
 
 
@@ -41,10 +44,7 @@ class ReserveBlocks:
     passes whatever the reserve: there is no running request to protect, and refusing it could
     stall the engine forever (its blocks are still checked by the scheduler).
 
-    Options:
-    - `watermark` (float in [0, 1), default 0.01): the share of the pool kept free;
-    - `new_token_ratio` (float in (0, 1] or None, default None): the share of the remaining output
-      tokens reserved (e.g. 0.4); None reserves no output tokens.
+    Options: see `ReserveBlocks.Options` (`watermark`, `new_token_ratio`).
 
     No budget split, no victim rule: preemption still happens (a reserve based on a ratio is an
     estimate), just less often.
@@ -52,19 +52,22 @@ class ReserveBlocks:
 
     name = "reserve"
 
-    def __init__(self, watermark: float = 0.01, new_token_ratio: float | None = None) -> None:
-        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
-            raise ValueError(f"reserve: option watermark must be a number in [0, 1), got {watermark!r}")
-        if new_token_ratio is not None and (
-            isinstance(new_token_ratio, bool)
-            or not isinstance(new_token_ratio, (int, float))
-            or not 0.0 < new_token_ratio <= 1.0
-        ):
-            raise ValueError(
-                f"reserve: option new_token_ratio must be a number in (0, 1] or None, got {new_token_ratio!r}"
-            )
-        self.watermark = float(watermark)
-        self.new_token_ratio = None if new_token_ratio is None else float(new_token_ratio)
+    class Options(PluginOptions):
+        """`[plugin_options.reserve]`."""
+
+        watermark: float = Field(
+            default=0.01, ge=0, lt=1, allow_inf_nan=False, description="the share of the pool kept free"
+        )
+        new_token_ratio: float | None = Field(
+            default=None, gt=0, le=1, allow_inf_nan=False,
+            description="the share of the remaining output tokens reserved (e.g. 0.4); None reserves no "
+            "output tokens",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.watermark = self.options.watermark
+        self.new_token_ratio = self.options.new_token_ratio
         # Sum over running sequences of their remaining output tokens (max_new_tokens - output):
         # +remaining at admission, -1 per token, -remaining when they stop running.
         self._running: set[Sequence] = set()

@@ -17,13 +17,16 @@ above `max_new_tokens` counts as `max_new_tokens`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
+from typing import Any
+
+from pydantic import Field
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import RUNNING, Sequence
 from .length_estimators import LengthMean
 
@@ -62,14 +65,7 @@ class SRPT:
       the tenant has one): the estimate of `length_mean`, which `srpt` keeps privately in
       `mean_lengths` (it does not answer the hook for other plugins).
 
-    Options (`[plugin_options.srpt]`):
-
-    - `prior_output_tokens` (int >= 0, default 128): the estimate for a tenant with no finished
-      request yet.
-    - `max_wait_s` (float >= 0 or None, default None: no guard): the wait after which a request is
-      promoted.
-    - `prefill_weight` (float >= 0 or None, default None: `1 / max_num_batched_tokens`): what one
-      token to prefill counts for, next to one output token to generate.
+    Options: see `SRPT.Options` (`prior_output_tokens`, `max_wait_s`, `prefill_weight`).
 
     Guard bound: let R become overdue at `t = arrival(R) + max_wait_s`. Requests arriving later
     become overdue later and queue behind it, so only the `Q` requests that arrived before R and
@@ -80,22 +76,28 @@ class SRPT:
 
     name = "srpt"
 
-    def __init__(
-        self, prior_output_tokens: int = 128, max_wait_s: float | None = None, prefill_weight: float | None = None
-    ) -> None:
+    class Options(PluginOptions):
+        """`[plugin_options.srpt]`."""
+
+        prior_output_tokens: int = Field(
+            default=128, ge=0, description="the expected output length for a tenant with no finished request yet"
+        )
+        max_wait_s: float | None = Field(
+            default=None, ge=0, allow_inf_nan=False,
+            description="the wait in seconds after which a request is promoted; None: no guard",
+        )
+        prefill_weight: float | None = Field(
+            default=None, ge=0, allow_inf_nan=False,
+            description="what one token to prefill counts for, next to one output token to generate; "
+            "None: `1 / max_num_batched_tokens`",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        prior_output_tokens, max_wait_s, prefill_weight = (
+            self.options.prior_output_tokens, self.options.max_wait_s, self.options.prefill_weight
+        )
         self.mean_lengths = LengthMean(prior_output_tokens)  # the estimate when no plugin answers
-        if max_wait_s is not None and (
-            isinstance(max_wait_s, bool)
-            or not isinstance(max_wait_s, (int, float))
-            or not (math.isfinite(max_wait_s) and max_wait_s >= 0)
-        ):
-            raise ValueError(f"max_wait_s must be a finite number of seconds >= 0 or None, got {max_wait_s!r}")
-        if prefill_weight is not None and (
-            isinstance(prefill_weight, bool)
-            or not isinstance(prefill_weight, (int, float))
-            or not (math.isfinite(prefill_weight) and prefill_weight >= 0)
-        ):
-            raise ValueError(f"prefill_weight must be a finite number >= 0 or None, got {prefill_weight!r}")
         self.prior_output_tokens = prior_output_tokens
         self.prefill_weight = None if prefill_weight is None else float(prefill_weight)
         self.max_wait_s = None if max_wait_s is None else float(max_wait_s)

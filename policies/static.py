@@ -9,11 +9,13 @@ batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import FINISHED, QUEUED, Sequence
 from ..core.victims import last_admitted_victim
 
@@ -21,7 +23,11 @@ from ..core.victims import last_admitted_victim
 class StaticBatching(ArrivalQueue):
     name = "static"
 
-    def __init__(self) -> None:
+    class Options(PluginOptions):
+        """`static` takes no options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
         super().__init__()
         self.batch: list[Sequence] = []
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import Field
+
 from ..core.budget import Split
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import ArrivalQueue
 from ..core.plan import StepPlan
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import RUNNING, Sequence
 
 
@@ -33,16 +38,22 @@ class TokenRoundRobin(ArrivalQueue):
       rotation -- the one served most recently, furthest from its next turn (it may be the
       requester itself); a waiting request never preempts a running one.
 
-    Options (`[plugin_options.token_rr]`): `prefill_quantum`, tokens per prefill turn (an int
-    >= 1, default 256; a larger `max_prefill_chunk` is capped to it, a smaller one wins).
+    Options: see `TokenRoundRobin.Options` (`prefill_quantum`).
     """
 
     name = "token_rr"
 
-    def __init__(self, prefill_quantum: int = 256) -> None:
-        if isinstance(prefill_quantum, bool) or not isinstance(prefill_quantum, int) or prefill_quantum < 1:
-            raise ValueError(f"prefill_quantum must be an int >= 1 (tokens per turn), got {prefill_quantum!r}")
-        self.prefill_quantum = prefill_quantum
+    class Options(PluginOptions):
+        """`[plugin_options.token_rr]`."""
+
+        prefill_quantum: int = Field(
+            default=256, ge=1,
+            description="tokens per prefill turn (a larger `max_prefill_chunk` is capped to it, a smaller one wins)",
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.options = take_options(self, args, kwargs)
+        self.prefill_quantum = self.options.prefill_quantum
         super().__init__()
         self.rotation: dict[Sequence, None] = {}  # running requests, next turn first
 

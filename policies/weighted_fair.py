@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationInfo, field_validator
 
 from ..core.candidates import Candidates
 from ..core.context import StepContext
 from ..core.hookspecs import hookimpl
 from ..core.lazy_heap import LazyHeap, arrival_key
+from ..core.plugin_options import PluginOptions, take_options
 from ..core.sequence import RUNNING, Sequence
 from ..core.victims import last_admitted
-
-
-def _number(name: str, value: Any, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if positive and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    if not positive and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    return float(value)
 
 
 class WeightedFair:
@@ -60,28 +52,42 @@ class WeightedFair:
       tenant's, so an under-served tenant does not wait for an over-served one's requests to
       finish (at the cost of their recomputation).
 
-    Options (`[plugin_options.weighted_fair]`): `weights` {tenant: weight > 0} (unlisted tenants
-    weigh 1.0), `w_in` (default 1.0) and `w_out` (default 2.0, VTC's weights: an output token costs
-    about twice an input token), both >= 0 and not both 0; `preempt` (default false).
+    Options: see `WeightedFair.Options` (`weights`, `w_in`, `w_out`, `preempt`).
     """
 
     name = "weighted_fair"
 
-    def __init__(
-        self, weights: dict[str, float] | None = None, w_in: float = 1.0, w_out: float = 2.0, preempt: bool = False
-    ) -> None:
-        if weights is None:
-            weights = {}
-        if not isinstance(weights, dict):
-            raise ValueError(f"weights must be a table {{tenant: weight}}, got {weights!r}")
-        self.weights = {str(t): _number(f"weights[{t!r}]", w, positive=True) for t, w in weights.items()}
-        self.w_in = _number("w_in", w_in, positive=False)
-        self.w_out = _number("w_out", w_out, positive=False)
-        if self.w_in == 0 and self.w_out == 0:
-            raise ValueError("w_in and w_out are both 0: no service would ever be counted")
-        if not isinstance(preempt, bool):
-            raise ValueError(f"preempt must be true or false, got {preempt!r}")
-        self.preempt = preempt
+    class Options(PluginOptions):
+        """`[plugin_options.weighted_fair]`. `w_in` and `w_out` default to VTC's weights: an output
+        token costs about twice an input token."""
+
+        weights: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+            default_factory=dict, description="{tenant: weight}; a tenant not listed weighs 1.0"
+        )
+        w_in: float = Field(
+            default=1.0, ge=0, allow_inf_nan=False, description="the service one prompt token counts for"
+        )
+        w_out: float = Field(
+            default=2.0, ge=0, allow_inf_nan=False,
+            description="the service one generated token counts for; not 0 when `w_in` is 0",
+        )
+        preempt: bool = Field(
+            default=False,
+            description="whether a waiting request preempts the last admitted request of the tenant with the "
+            "highest counter, when that counter is strictly higher than its own tenant's",
+        )
+
+        @field_validator("w_out")
+        @classmethod
+        def _counts_some_service(cls, w_out: float, info: ValidationInfo) -> float:
+            if w_out == 0 and info.data.get("w_in") == 0:
+                raise ValueError("w_in and w_out are both 0: no service would ever be counted")
+            return w_out
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = self.options = take_options(self, args, kwargs)
+        self.weights = dict(options.weights)
+        self.w_in, self.w_out, self.preempt = options.w_in, options.w_out, options.preempt
         self.counters: dict[str, float] = {}
         self._queues: dict[str, LazyHeap] = {}
         self._active: dict[str, None] = {}  # tenants that may have waiting requests

@@ -154,7 +154,7 @@ def test_the_victim_is_the_inner_answer_and_the_mode_is_replaced():
 
 @pytest.mark.parametrize("share", [-0.5, float("inf"), "half", True])
 def test_bad_share_names_the_option(share):
-    with pytest.raises(ValueError, match="auto_preemption: option max_swapped_share"):
+    with pytest.raises(ValueError, match="plugin 'auto_preemption': option 'max_swapped_share': "):
         AutoPreemption(max_swapped_share=share)
 
 

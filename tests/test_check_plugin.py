@@ -11,12 +11,12 @@ from collections import Counter
 import pytest
 from conftest import make_engine, request, run_to_end
 
-from metroline.check_plugin_cli import add_check_plugin_parser, cmd_check_plugin
+from metroline.core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from metroline.core.candidates import Candidates
 from metroline.core.errors import PluginError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
-from metroline.hook_coverage import watch
+from metroline.core.hook_coverage import watch
 from metroline.testing import ConformanceError, check_plugin, conformance_workloads, with_tenants
 
 

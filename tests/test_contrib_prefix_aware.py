@@ -166,10 +166,10 @@ def test_window_one_is_fcfs():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"window": 0}, "window must be an integer >= 1"),
-    ({"window": 2.5}, "window must be an integer >= 1"),
-    ({"aging_rate": -1}, r"aging_rate must be a finite number >= 0 \(tokens/s\)"),
-    ({"aging_rate": float("inf")}, "aging_rate must be a finite number >= 0"),
+    ({"window": 0}, r"plugin 'prefix_aware': option 'window': Input should be greater than or equal to 1 \(got 0\)"),
+    ({"window": 2.5}, r"option 'window': Input should be a valid integer \(got 2.5\)"),
+    ({"aging_rate": -1}, r"option 'aging_rate': Input should be greater than or equal to 0 \(got -1\)"),
+    ({"aging_rate": float("inf")}, r"option 'aging_rate': Input should be a finite number \(got inf\)"),
 ])
 def test_bad_options_name_the_option_and_the_limit(options, message):
     with pytest.raises(ValueError, match=message):

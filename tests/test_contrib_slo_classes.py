@@ -209,11 +209,12 @@ def test_victim_is_the_last_admitted_batch_request_not_an_interactive_one():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"classes": {"a": "gold"}}, r"classes\['a'\] must be 'interactive' or 'batch'"),
-    ({"classes": ["a"]}, "classes must be a table"),
-    ({"interactive_max_priority": "high"}, "interactive_max_priority must be an integer"),
-    ({"interactive_max_priority": 0, "interactive_decode_share": 1.5}, r"interactive_decode_share must be a number in \[0, 1\]"),
-    ({"interactive_max_priority": 0, "default_class": "gold"}, "default_class must be"),
+    ({"classes": {"a": "gold"}}, r"plugin 'slo_classes': option 'classes.a': Input should be 'interactive' or 'batch'"),
+    ({"classes": ["a"]}, r"option 'classes': Input should be a valid dictionary \(got \['a'\]\)"),
+    ({"interactive_max_priority": "high"}, r"option 'interactive_max_priority': Input should be a valid integer"),
+    ({"interactive_max_priority": 0, "interactive_decode_share": 1.5},
+     r"option 'interactive_decode_share': Input should be less than or equal to 1 \(got 1.5\)"),
+    ({"interactive_max_priority": 0, "default_class": "gold"}, r"option 'default_class': Input should be"),
 ])
 def test_bad_options_name_the_option_and_the_limit(options, message):
     with pytest.raises(ValueError, match=message):

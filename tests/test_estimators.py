@@ -102,10 +102,14 @@ def test_length_regression_recovers_a_planted_line():
 @pytest.mark.parametrize(
     ("cls", "options", "match"),
     [
-        (LengthMean, {"prior_output_tokens": -1}, "prior_output_tokens must be an int >= 0, got -1"),
-        (LengthMean, {"prior_output_tokens": 2.5}, "prior_output_tokens must be an int >= 0, got 2.5"),
-        (LengthRegression, {"min_samples": 1}, "min_samples must be an int >= 2, got 1"),
-        (LengthRegression, {"min_samples": True}, "min_samples must be an int >= 2, got True"),
+        (LengthMean, {"prior_output_tokens": -1},
+         r"plugin 'length_mean': option 'prior_output_tokens': .*greater than or equal to 0 \(got -1\)"),
+        (LengthMean, {"prior_output_tokens": 2.5},
+         r"plugin 'length_mean': option 'prior_output_tokens': .*integer.*\(got 2.5\)"),
+        (LengthRegression, {"min_samples": 1},
+         r"plugin 'length_regression': option 'min_samples': .*greater than or equal to 2 \(got 1\)"),
+        (LengthRegression, {"min_samples": True},
+         r"plugin 'length_regression': option 'min_samples': .*integer.*\(got True\)"),
     ],
 )
 def test_bad_options_are_refused(cls, options, match):
@@ -129,7 +133,7 @@ class HRRN:
     @hookimpl
     def on_arrival(self, ctx, seqs):
         for s in seqs:
-            est = ctx.hooks.estimate_output_tokens(ctx=ctx, seq=s)
+            est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=s)
             assert est is not None, "no estimator answered"
             self.estimates[s.seq_id] = est
 

@@ -140,7 +140,7 @@ def test_victim_is_the_back_of_the_rotation():
 @pytest.mark.parametrize("value", [0, -4, 2.5, True, "256"])
 def test_bad_quantum_is_named(value):
     config = EngineConfig(policy="token_rr", plugin_options={"token_rr": {"prefill_quantum": value}})
-    with pytest.raises(PluginLoadError, match="prefill_quantum must be an int >= 1"):
+    with pytest.raises(PluginLoadError, match=r"plugin 'token_rr': option 'prefill_quantum': Input should be (greater than or equal to 1|a valid integer) \(got "):
         PluginManager(config)
 
 

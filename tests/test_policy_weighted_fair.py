@@ -149,14 +149,14 @@ def test_with_preempt_a_waiting_request_preempts_a_tenant_served_more():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"weights": {"A": 0}}, r"weights\['A'\] must be > 0"),
-    ({"weights": {"A": "two"}}, r"weights\['A'\] must be a finite number"),
-    ({"weights": [1, 2]}, "weights must be a table"),
-    ({"w_in": -1}, "w_in must be >= 0"),
-    ({"w_out": float("inf")}, "w_out must be a finite number"),
-    ({"w_in": 0, "w_out": 0}, "w_in and w_out are both 0"),
-    ({"preempt": "yes"}, "preempt must be true or false"),
-    ({"quantum": 3}, "unexpected keyword argument 'quantum'"),
+    ({"weights": {"A": 0}}, r"plugin 'weighted_fair': option 'weights.A': Input should be greater than 0 \(got 0\)"),
+    ({"weights": {"A": "two"}}, r"option 'weights.A': Input should be a valid number \(got 'two'\)"),
+    ({"weights": [1, 2]}, r"option 'weights': Input should be a valid dictionary"),
+    ({"w_in": -1}, r"option 'w_in': Input should be greater than or equal to 0 \(got -1\)"),
+    ({"w_out": float("inf")}, r"option 'w_out': Input should be a finite number \(got inf\)"),
+    ({"w_in": 0, "w_out": 0}, r"option 'w_out': w_in and w_out are both 0"),
+    ({"preempt": "yes"}, r"option 'preempt': Input should be a valid boolean \(got 'yes'\)"),
+    ({"quantum": 3}, r"option 'quantum': unknown option \(valid options: weights, w_in, w_out, preempt\)"),
 ])
 def test_bad_options_are_named(options, message):
     config = EngineConfig(policy="weighted_fair", plugin_options={"weighted_fair": options})

@@ -52,7 +52,7 @@ def preemptions(plugins: list, options: dict | None = None, extra: list = (), **
     ({"new_token_ratio": 1.5}, "new_token_ratio"),
 ])
 def test_bad_options_name_the_option(kwargs, option):
-    with pytest.raises(ValueError, match=f"reserve: option {option}"):
+    with pytest.raises(ValueError, match=f"plugin 'reserve': option '{option}': "):
         ReserveBlocks(**kwargs)
 
 

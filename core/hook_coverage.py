@@ -26,9 +26,9 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .core.candidates import Candidates, close_candidates
-from .core.hookspecs import OBSERVER_HOOKS
-from .core.plugins import HOOK_NAMES
+from .candidates import Candidates, close_candidates
+from .hookspecs import OBSERVER_HOOKS
+from .plugins import HOOK_NAMES
 
 
 @dataclass

@@ -42,7 +42,7 @@ def add_check_plugin_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_check_plugin(args: argparse.Namespace) -> int:
     """Run `check_plugin` with the command's flags; print the report; 0 when it passed, 1 if not."""
-    from .testing import ConformanceError, check_plugin
+    from ...testing import ConformanceError, check_plugin
 
     options = json.loads(args.options) if args.options else {}
     if not isinstance(options, dict):
