@@ -151,6 +151,13 @@ def test_the_installed_plugin_is_found_by_its_entry_point(guide):
     out = shell(guide, command("plugins", "acme_tenants"))
     assert re.search(r"acme_tenants\s+admission, on_admitted, on_arrival, on_finished, on_preempted, select_victim", out)
     assert "entry points: acme_tenants (acme_tenants.plugin:AcmeTenants)" in out
+    assert "cap_share (float > 0, <= 1, default 0.25): the share of max_num_seqs it may hold" in out
+
+
+def test_a_bad_option_of_the_packaged_plugin_names_plugin_and_option(guide, on_path):
+    bad = EngineConfig(policy="fcfs", plugins=["acme_tenants:AcmeTenants"], plugin_options={"acme_tenants": {"cap_share": 2}})
+    with pytest.raises(PluginLoadError, match="plugin 'acme_tenants': option 'cap_share': "):
+        Engine(bad)
 
 
 def test_acme_tenants_compare_shows_enterprise_first(guide):
@@ -324,7 +331,7 @@ def test_one_long_prompt_prefills_alone(on_path):
 def test_the_stack_of_estimators_answers_as_the_guide_says(guide, on_path):
     line = command("lengths:")
     out = shell(guide, line)
-    listed = re.findall(r"^  (\w+)\s", out, re.M)
+    listed = re.findall(r"^  (\w+)\s", out.split("shipped:")[0], re.M)  # the loaded plugins
     assert listed == ["count_fallbacks", "clamp_length", "fallback_length", "hint_length", "batch_is_long", "hrrn",
                       "defaults"]
     from lengths import CountFallbacks
