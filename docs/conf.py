@@ -10,7 +10,12 @@ guides are the Markdown files beside this one (MyST). The fields of a pydantic m
 entry per field, from the model's own field table.
 """
 
+from importlib import import_module
 from typing import Any
+
+from docutils import nodes
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
 
 project = "metroline"
 author = "metroline contributors"
@@ -52,11 +57,33 @@ def document_model_fields(app: Any, what: str, name: str, obj: Any, options: Any
         else:
             lines.append("   :value: (required)")
         lines.append("")
+        if info.description:
+            lines += [f"   {info.description}", ""]
         constraints = ", ".join(repr(m) for m in info.metadata)
         if constraints:
             lines += [f"   Constraints: ``{constraints}``.", ""]
 
 
+class ShippedPlugins(SphinxDirective):
+    """`.. shipped-plugins::`: for each plugin of `SHIPPED`, in its order, the class (its
+    docstring) and its `Options` model (one entry per option), generated from the code, so a
+    plugin shipped later is documented without touching api.rst."""
+
+    def run(self) -> list[Any]:
+        from metroline.core.plugin_loader import SHIPPED
+
+        lines = []
+        for name, path in SHIPPED.items():
+            module, _, attr = path.partition(":")
+            lines += [f".. rubric:: ``{name}``", "", f".. autoclass:: {module}.{attr}", "   :no-members:", ""]
+            if "Options" in vars(import_module(module).__dict__[attr]):
+                lines += [f".. autoclass:: {module}.{attr}.Options", "   :exclude-members: model_config", ""]
+        container = nodes.container()
+        self.state.nested_parse(StringList(lines, source="shipped-plugins"), self.content_offset, container)
+        return container.children
+
+
 def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-process-docstring", document_model_fields)
+    app.add_directive("shipped-plugins", ShippedPlugins)
     return {"parallel_read_safe": True}

@@ -15,7 +15,8 @@ from metroline import testing
 from metroline.core import budget, candidates, context, hookspecs, inflight, lazy_heap, plan, preemption
 from metroline.core import queue_order, request, sequence, victims, workload_generators, workload_items
 from metroline.core import workload_specs
-from metroline.core.plugin_loader import HOOK_NAMES
+from metroline.core import plugin_options
+from metroline.core.plugin_loader import HOOK_NAMES, SHIPPED, resolve
 
 DOCS = Path(__file__).parents[1] / "docs"
 
@@ -58,11 +59,11 @@ PLUGIN_CLASSES = [
 PLUGIN_FUNCTIONS = [
     candidates.close_candidates, preemption.is_protected, lazy_heap.arrival_key, queue_order.queued_in_order,
     victims.last_admitted, victims.last_admitted_victim, inflight.missing_blocks, testing.check_plugin,
-    workload_specs.load_spec, workload_generators.generate,
+    workload_specs.load_spec, workload_generators.generate, plugin_options.take_options,
 ]
 OTHER_NAMES = [
     lazy_heap.ArrivalQueue, testing.ConformanceError, sequence.SeqState,
-    sequence.FinishReason, workload_items.Workload,
+    sequence.FinishReason, workload_items.Workload, plugin_options.PluginOptions, plugin_options.PluginOptionsError,
 ]
 
 
@@ -118,3 +119,16 @@ def test_the_reference_shows_the_hook_docstrings(built):
         plain = re.sub(r"`([^`]*)`", r"\1", first_line)
         assert plain.split()[0] in text
         assert re.sub(r"\s+", " ", plain)[:40] in text, name
+
+
+def test_every_shipped_plugin_and_each_of_its_options_is_in_the_reference(built):
+    documented = entries(built)
+    missing = []
+    for name in SHIPPED:
+        cls = resolve(name)
+        if qualified(cls) not in documented:
+            missing.append(name)
+        model = plugin_options.options_model(cls)
+        if model is not None:
+            missing += [f"{name}.{f}" for f in model.model_fields if f"{qualified(model)}.{f}" not in documented]
+    assert not missing, f"not in the API reference: {missing}"
