@@ -12,16 +12,12 @@ from pathlib import Path
 import pytest
 
 from metroline import testing
-from metroline.core import budget, candidates, context, hookspecs, inflight, lazy_heap, plan, preemption
-from metroline.core import queue_order, request, sequence, victims, workload_generators, workload_items
-from metroline.core import workload_specs
-from metroline.core import plugin_options
+from metroline.core import budget, candidates, context, hookspecs, inflight, lazy_heap, plan, plugin_options
+from metroline.core import preemption, queue_order, request, sequence, victims, workload_generators
+from metroline.core import workload_items, workload_specs
 from metroline.core.plugin_loader import HOOK_NAMES, SHIPPED, resolve
 
 DOCS = Path(__file__).parents[1] / "docs"
-
-pytest.importorskip("sphinx", reason="the docs extra (sphinx, myst-parser) is part of the test extra")
-pytest.importorskip("myst_parser", reason="the docs extra (sphinx, myst-parser) is part of the test extra")
 
 
 @pytest.fixture(scope="module")
