@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from .core.commands.compare import POLICIES, cmd_compare
-from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, run_flags, slo_flag, sweep_flags
+from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, ray_flag, run_flags, slo_flag, sweep_flags
 from .core.commands.generate import cmd_generate
 from .core.commands.listing import cmd_plugins, cmd_workloads
 from .core.commands.options import RUN_KEYS, fit_config, resolve_options
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--jobs", type=int, metavar="N",
                          help="worker processes running the policies in parallel (default: one per core; "
                          "1 runs them one by one here); the results do not depend on it")
+    ray_flag(compare)
     engine_flags(compare, compare=True)
     run_flags(compare, compare=True)
     slo_flag(compare)
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--policies", default=",".join(POLICIES),
                        help=f"comma-separated policies, as for compare (default: {','.join(POLICIES)})")
     sweep.add_argument("--jobs", type=int, metavar="N", help="worker processes (default: one per core)")
+    ray_flag(sweep)
     engine_flags(sweep, compare=True)
     run_flags(sweep, compare=True)
     sweep_flags(sweep)

@@ -1,7 +1,10 @@
-"""Figures for the `priority` and `srpt` policies (simulation, `steps` cost model, 0.01 s a step).
+"""Figures for the `priority` and `srpt` policies (simulation, `steps` cost model, 0.01 s a step;
+`--cost-model roofline`: the default cost model of `metroline run`, llama-3-8b on an A100).
 
 1. SRPT against FCFS on the Azure conversation trace (`azure-conv`) at 1.1 x capacity, capacity =
-   max_num_seqs / (mean output tokens x step time) for 32 slots: mean E2E, with oracle lengths
+   max_num_seqs / (mean output tokens x step time) for 32 slots (under roofline, where a step's
+   time grows with its tokens: the request throughput of fcfs with every request arriving at
+   once): mean E2E, with oracle lengths
    (`--oracle-lengths`), with learned per-tenant estimates, with the literal token count
    (`prefill_weight` 1.0) and with the starvation guard. The first 3000 requests (as in the test),
    and with `--full` the whole trace.
@@ -13,7 +16,7 @@
 
 Each line also prints the equivalent `metroline run` command where there is one.
 
-Run:  python bench/priority_srpt.py [--full] [--requests 3000]
+Run:  python bench/priority_srpt.py [--full] [--requests 3000] [--cost-model roofline]
 """
 
 from __future__ import annotations
@@ -29,22 +32,33 @@ from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 
 STEP = 0.01
+COST_MODEL = ["steps"]  # --cost-model: the aging and guard bounds are in steps, so they keep it
 
 
-def run(workload: Workload, policy: str, options: dict | None = None, *, slots: int, oracle: bool = False):
+def executor(cost_model: str | None = None) -> SimulatedExecutor:
+    name = cost_model or COST_MODEL[0]
+    return SimulatedExecutor(make_cost_model(name, **({"step_time": STEP} if name == "steps" else {})))
+
+
+def run(workload: Workload, policy: str, options: dict | None = None, *, slots: int, oracle: bool = False,
+        cost_model: str | None = None):
     config = EngineConfig(policy=policy, max_num_seqs=slots, plugin_options={policy: options or {}})
     t = time.perf_counter()
-    doc, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("steps", step_time=STEP)),
-                               oracle_lengths=oracle)
+    doc, engine = run_workload(workload, config, executor(cost_model), oracle_lengths=oracle)
     return doc, engine.metrics.requests, time.perf_counter() - t
 
 
 def rate_scale_for(source: str, slots: int, **kw) -> tuple[float, float, float]:
     """(rate_scale for 1.1 x capacity, capacity req/s, mean output tokens) of a workload."""
-    items = build_workload(source, **kw).items
+    workload = build_workload(source, **kw)
+    items = workload.items
     mean_out = sum(it.output_len for it in items) / len(items)
     native = (len(items) - 1) / items[-1].arrival_s
-    capacity = slots / (mean_out * STEP)
+    if COST_MODEL[0] == "steps":
+        capacity = slots / (mean_out * STEP)
+    else:  # saturated: every request at once
+        doc, _, _ = run(build_workload(source, rate_scale=1e9, **kw), "fcfs", slots=slots)
+        capacity = doc["summary"]["completed"] / doc["summary"]["duration_s"]
     return 1.1 * capacity / native, capacity, mean_out
 
 
@@ -55,7 +69,7 @@ def azure(max_requests: int | None, slots: int = 32) -> None:
     print(f"\n## azure-conv, {n} requests, {slots} slots: mean output {mean_out:.2f} tokens, capacity "
           f"{capacity:.3f} req/s, offered {1.1 * capacity:.3f} req/s (rate_scale {scale:.6f})")
     cli = (f"metroline run --workload azure-conv {'--max-requests %d ' % max_requests if max_requests else ''}"
-           f"--rate-scale {scale:.6f} --max-num-seqs {slots} --cost-model steps")
+           f"--rate-scale {scale:.6f} --max-num-seqs {slots} --cost-model {COST_MODEL[0]}")
     runs = [
         ("fcfs", "fcfs", {}, False, ""),
         ("srpt, oracle lengths", "srpt", {}, True, " --oracle-lengths"),
@@ -98,7 +112,7 @@ def two_classes(slots: int = 32) -> None:
         print(f"{label:<36} {urgent['p99']:16.4f} {urgent['p99'] / base:7.4f} {urgent['mean']:12.4f} "
               f"{low['p99']:11.4f} {doc['summary']['preemptions']:8d}")
     print(f"    metroline run --workload chat --seed 0 --rate-scale {scale:.6f} --max-num-seqs {slots} "
-          "--cost-model steps --policy priority")
+          f"--cost-model {COST_MODEL[0]} --policy priority")
 
 
 def starving(kind: str) -> Workload:
@@ -120,13 +134,13 @@ def bounds() -> None:
     print("\n## bounds (4 slots; see tests/test_policy_priority.py and tests/test_policy_srpt.py)")
     workload = starving("urgent")
     for rate in (0.0, 1.0):
-        _, records, _ = run(workload, "priority", {"aging_rate": rate}, slots=4)
+        _, records, _ = run(workload, "priority", {"aging_rate": rate}, slots=4, cost_model="steps")
         waits = [r.first_scheduled_s - r.arrival_s for r in records if r.priority == 1]
         bound = "none" if rate == 0 else f"{1 / rate + 0.1 + STEP:.2f} s (D + H + step)"
         print(f"priority aging_rate {rate:<4}: priority-1 waits {', '.join(f'{w:.3f}' for w in waits)} s; bound {bound}")
     workload = starving("short")
     for guard in (None, 1.0):
-        _, records, _ = run(workload, "srpt", {"max_wait_s": guard}, slots=4, oracle=True)
+        _, records, _ = run(workload, "srpt", {"max_wait_s": guard}, slots=4, oracle=True, cost_model="steps")
         waits = [r.first_scheduled_s - r.arrival_s for r in records if r.output_tokens == 40]
         bound = "none" if guard is None else f"{guard + STEP + 0.4:.2f} s (max_wait_s + step + H)"
         print(f"srpt max_wait_s {str(guard):<5}: long-request waits {', '.join(f'{w:.3f}' for w in waits)} s; bound {bound}")
@@ -136,7 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="azure-conv subset size (default 3000)")
     parser.add_argument("--full", action="store_true", help="also run the whole azure-conv trace")
+    parser.add_argument("--cost-model", choices=("steps", "roofline"), default="steps",
+                        help="steps (0.01 s a step, the default here) or roofline (llama-3-8b on an A100)")
     args = parser.parse_args()
+    COST_MODEL[0] = args.cost_model
+    print(f"cost model: {args.cost_model}")
     azure(args.requests)
     if args.full:
         azure(None)

@@ -7,7 +7,20 @@ Poisson process at `--rate` per second for `--duration` seconds, at most `--max-
 hanging up after a few tokens. Prints client-side TTFT and inter-token latency percentiles,
 per-tenant throughput, the 429 count, and the server's own overhead: for each request, its TTFT as
 the client saw it minus its TTFT inside the engine (first token time - arrival, on the wall clock),
-i.e. HTTP, JSON, SSE and the engine loop's hand-offs.
+i.e. HTTP, JSON, SSE and the engine loop's hand-offs, and its breakdown from time stamps taken at
+each hand-off (one monotonic clock for both processes):
+
+    client -> handler    the client's connect and send, uvicorn's accept and parse, routing
+    handler -> engine    the body parsed and validated, the prompt tokenised, the request stamped
+                         as arrived (the engine's TTFT starts here: the wait for the step in
+                         flight to end before the request joins the engine counts in the engine's
+                         TTFT, not in the overhead)
+    token -> written     the step's modeled end to the first SSE bytes handed to the socket: the
+                         event loop waking at that end (its timers are about 1 ms coarse, and a
+                         loaded machine wakes it later), handing the tokens out, the handler
+    written -> client    loopback and the client process reading and parsing them
+    inside the app       handler -> engine plus token -> written: the part spent in the app's own
+                         code and event loop, without the kernel, uvicorn's accept and the client
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
 """
@@ -18,7 +31,9 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import random
+import resource
 import time
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta", "gamma": "key-gamma"}
@@ -173,7 +188,10 @@ def main() -> None:
     engine = make_engine(EngineConfig(), executor, plugins=[recorder])
     serve = ServeConfig(max_waiting=args.max_waiting,
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
+    load_before = os.getloadavg()[0]
     with ServerThread(engine, serve) as srv:
+        srv.server_state.timings = marks = {}
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
         parent, child = mp.get_context("spawn").Pipe()
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
@@ -184,31 +202,43 @@ def main() -> None:
         proc.join(30)
         steps, busy = executor.stats.total_steps, executor.stats.busy_time
         server_cpu = time.process_time()
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
     results = doc["results"]
     ok = [r for r in results if r["status"] == 200 and r["times"]]
     ttft = [r["times"][0] - r["start"] for r in ok]
     itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:])]
-    overhead = [r["times"][0] - r["start"] - recorder.ttft[r["id"][len("chatcmpl-"):]]
-                for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
-    # CLOCK_MONOTONIC is one clock for both processes: split the overhead into its two legs
-    t0 = executor._t0
-    to_server = [t0 + recorder.arrival[r["id"][9:]] - r["start"] for r in ok if r["id"][9:] in recorder.arrival]
-    to_client = [r["times"][0] - (t0 + recorder.arrival[r["id"][9:]] + recorder.ttft[r["id"][9:]])
-                 for r in ok if r["id"][9:] in recorder.arrival]
-    engine_ttft = [recorder.ttft[r["id"][len("chatcmpl-"):]] for r in ok if r["id"][len("chatcmpl-"):] in recorder.ttft]
+    t0 = executor._t0  # engine time t is monotonic time t0 + t
+    legs: dict[str, list[float]] = {k: [] for k in (
+        "server overhead", "  client -> handler", "  handler -> engine", "  token -> written",
+        "  written -> client", "  inside the app")}
+    engine_ttft = []
+    for r in ok:
+        rid = r["id"].partition("-")[2]
+        if rid not in recorder.ttft or len(marks.get(rid, ())) < 2:
+            continue
+        started, written = marks[rid]
+        arrival, first = recorder.arrival[rid], recorder.ttft[rid]
+        engine_ttft.append(first)
+        legs["server overhead"].append(r["times"][0] - r["start"] - first)
+        legs["  client -> handler"].append(t0 + started - r["start"])
+        legs["  handler -> engine"].append(arrival - started)
+        legs["  token -> written"].append(written - (arrival + first))
+        legs["  written -> client"].append(r["times"][0] - (t0 + written))
+        legs["  inside the app"].append(arrival - started + written - (arrival + first))
+    overhead = legs["server overhead"]
     print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({args.rate:g}/s asked), "
           f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
           f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
-          f"{server_cpu:.1f}, client process {doc['cpu']:.1f}")
-    for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), ("server overhead", overhead),
-                       ("  to the engine", to_server), ("  back to client", to_client),
-                       ("client ITL", itl)):
-        print(f"{name:<16} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
+          f"{server_cpu:.1f}, client process {doc['cpu']:.1f}; server waits (voluntary context switches) "
+          f"{switches}; load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    for name, vals in (("client TTFT", ttft), ("engine TTFT", engine_ttft), *legs.items(), ("client ITL", itl)):
+        print(f"{name:<20} ms  p50 {1e3 * pct(vals, 50):7.2f}  p90 {1e3 * pct(vals, 90):7.2f}  "
               f"p99 {1e3 * pct(vals, 99):7.2f}  max {1e3 * max(vals, default=float('nan')):7.2f}")
     if ttft:
-        print(f"server overhead p99 / client TTFT p99 = {pct(overhead, 99) / pct(ttft, 99):.1%}")
+        print(f"server overhead / client TTFT: p50 {pct(overhead, 50) / pct(ttft, 50):.1%}, "
+              f"p99 {pct(overhead, 99) / pct(ttft, 99):.1%}")
     for tenant in TENANTS:
         toks = sum(r["tokens"] for r in ok if r["tenant"] == tenant)
         print(f"tenant {tenant:<6} {toks / doc['wall']:8.1f} tokens/s  "

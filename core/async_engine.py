@@ -1,14 +1,20 @@
 """`AsyncEngine`: an `Engine` stepped by one asyncio task while requests stream in and out.
 
-The engine is not thread-safe, so only the loop task touches it: `submit` and `abort` queue their
-work, and the loop applies it between two steps. Each step runs in a worker thread
-(`asyncio.to_thread`), so the event loop serving HTTP stays responsive while a step computes (or,
-on the real-time simulated executor, sleeps). A cancelled request is aborted before the next step,
-whose reap frees its blocks.
+The engine is not thread-safe, so only the loop task steps it: `submit` and `abort` queue their
+work, and the loop applies it between two steps. Where a step runs:
 
-Each request has a `RequestStream`: its output tokens accumulate there until the handler reads them.
-A reader that falls more than `buffer_tokens` tokens behind for longer than `stall_timeout` seconds
-is cancelled, so a client that stops reading cannot hold blocks forever.
+- an executor that can defer its wait (`executor.deferred`, the real-time simulated one) steps on
+  the event loop itself: the step's CPU work runs there, then the loop sleeps asynchronously until
+  the step's modeled end (`executor.ready_at`) and hands the tokens out. No thread, so no
+  interpreter-lock hand-off between the loop and a stepping thread (on a loaded machine a thread
+  descheduled while holding the lock stalls every HTTP write behind it);
+- any other executor (a real model) steps in a worker thread (`asyncio.to_thread`), so the loop
+  keeps serving HTTP while the device computes.
+
+Each request has a `RequestStream`: its output accumulates there, one `Choice` per sample
+(`n > 1`), until the handler reads it. Backpressure: a stream whose reader is `buffer_tokens`
+tokens behind is paused (the `Backpressure` plugin: the engine stops serving it and frees nothing),
+resumed as soon as its reader catches up, and cancelled once paused for `stall_timeout` seconds.
 """
 
 from __future__ import annotations
@@ -23,63 +29,10 @@ from typing import Any
 from .engine import Engine, RequestOutput
 from .request import Request
 from .sequence import FinishReason
+from .serving.backpressure import Backpressure
+from .serving.streams import Choice, Rejected, RequestStream
 
-
-class Rejected(Exception):
-    """A request refused before it reached the engine: HTTP `status`, and `retry_after` seconds
-    for a 429."""
-
-    def __init__(self, message: str, status: int = 429, retry_after: float | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-        self.reason = reason or ("queue_full" if status == 429 else "unavailable")
-
-
-class RequestStream:
-    """One request's output as the engine produces it, for the handler that streams it.
-
-    `tokens` holds every output token so far; `read` how many the handler has taken; `finish_reason`
-    and `error` are set when the request ends."""
-
-    __slots__ = ("request", "tokens", "text", "read", "finish_reason", "error", "full_since", "_event")
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.tokens: list[int] = []
-        self.text: str | None = None
-        """The engine's detokenised output (None when its executor has no tokenizer)."""
-        self.read = 0
-        self.finish_reason: FinishReason | None = None
-        self.error: str | None = None
-        self.full_since: float | None = None
-        self._event = asyncio.Event()
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    async def next(self) -> list[int]:
-        """Wait for tokens not read yet (or the end) and take them; [] once the request has ended
-        and every token was read."""
-        while self.read == len(self.tokens) and not self.finished:
-            self._event.clear()
-            await self._event.wait()
-        new = self.tokens[self.read:]
-        self.read = len(self.tokens)
-        self.full_since = None
-        return new
-
-    async def result(self) -> list[int]:
-        """Wait for the end; every output token."""
-        while not self.finished:
-            await self.next()
-        self.read = len(self.tokens)
-        return self.tokens
+__all__ = ["AsyncEngine", "Choice", "Rejected", "RequestStream"]
 
 
 class AsyncEngine:
@@ -89,8 +42,8 @@ class AsyncEngine:
       about to be) is refused at once with `Rejected` (HTTP 429) instead of waiting unboundedly.
     - `ramp_s`: cold start; during the first `ramp_s` seconds after `start()`, at most
       `max_num_seqs * elapsed / ramp_s` requests (at least one) are in flight at once.
-    - `buffer_tokens`, `stall_timeout`: a stream whose reader is more than `buffer_tokens` tokens
-      behind for `stall_timeout` seconds is cancelled.
+    - `buffer_tokens`, `stall_timeout`: a stream whose reader is `buffer_tokens` tokens behind is
+      paused; paused for `stall_timeout` seconds, it is cancelled.
     - `after_step(engine, outputs)`: called on the event loop after every step (metrics).
     - `idle_poll`: seconds to wait after a step that scheduled nothing while requests wait and no
       plugin asked to be woken up at a given time.
@@ -117,7 +70,12 @@ class AsyncEngine:
         self.streams: dict[str, RequestStream] = {}
         self.steps = 0
         self.failed_steps = 0
+        self.pauses = 0
+        self.backpressure = Backpressure()
+        engine.plugins.add(Backpressure.name, self.backpressure)
+        self._inline = hasattr(engine.executor, "deferred")
         self._pending: list[RequestStream] = []
+        self._firsts = 0
         self._aborts: list[str] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -129,6 +87,8 @@ class AsyncEngine:
     async def start(self) -> None:
         self._wake = asyncio.Event()
         self._started_at = time.monotonic()
+        if self._inline:
+            self.engine.executor.deferred = True
         self._task = asyncio.create_task(self._run(), name="metroline-engine-loop")
 
     async def shutdown(self, drain_s: float = 0.0) -> None:
@@ -144,6 +104,8 @@ class AsyncEngine:
         if self._task is not None:
             await self._task
             self._task = None
+        if self._inline:
+            self.engine.executor.deferred = False
 
     @property
     def running(self) -> bool:
@@ -168,7 +130,7 @@ class AsyncEngine:
                         f"cold start: at most {cap} requests in flight during the first {self.ramp_s} s",
                         retry_after=1.0, reason="ramp",
                     )
-        stream = RequestStream(request)
+        stream = RequestStream(request, self._caught_up)
         self.streams[request.request_id] = stream
         self._pending.append(stream)
         self._poke()
@@ -178,6 +140,13 @@ class AsyncEngine:
         """Cancel a request (a client that went away); its blocks are freed by the next step."""
         if request_id in self.streams:
             self._aborts.append(request_id)
+            self._poke()
+
+    def is_paused(self, request_id: str) -> bool:
+        return request_id in self.backpressure.paused
+
+    def _caught_up(self, stream: RequestStream) -> None:
+        if self.backpressure.resume(stream.request_id, self.stall_timeout):
             self._poke()
 
     def _poke(self) -> None:
@@ -195,9 +164,14 @@ class AsyncEngine:
                     engine.add_request(stream.request)
                 except Exception as exc:  # validated before: only a duplicate id gets here
                     self._end(stream, FinishReason.FAILED, f"{type(exc).__name__}: {exc}")
+        bp = self.backpressure
+        if bp.deadline is not None:
+            for rid in bp.overdue(engine.executor.now(), self.stall_timeout):
+                self._aborts.append(rid)  # paused too long: the client is gone in all but name
         if self._aborts:
             aborts, self._aborts = self._aborts, []
             for rid in aborts:
+                bp.resume(rid, self.stall_timeout)
                 stream = self.streams.get(rid)
                 if stream is not None and not engine.abort(rid):
                     self._end(stream, FinishReason.CANCELLED, None)
@@ -206,27 +180,56 @@ class AsyncEngine:
         stream.finish_reason = reason
         stream.error = error
         self.streams.pop(stream.request_id, None)
+        self.backpressure.resume(stream.request_id, self.stall_timeout)
         stream._event.set()
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list[RequestOutput]) -> list[RequestStream]:
+        """Hand the step's tokens to their streams, end those that ended, pause those whose reader
+        is too far behind; returns the streams to wake, those that got their first token first."""
         streams = self.streams
-        now = time.monotonic()
+        firsts: dict[str, RequestStream] = {}
+        touched: dict[str, RequestStream] = {}
         for out in outputs:
             stream = streams.get(out.request_id)
             if stream is None:
                 continue
+            seq = out.seq
+            choice = stream.choices[seq.index]
+            (firsts if not choice.tokens and seq.index == 0 else touched)[out.request_id] = stream
             if out.new_token_ids:
-                stream.tokens.extend(out.new_token_ids)
-                stream.text = out.seq.text
-                if len(stream.tokens) - stream.read > self.buffer_tokens:
-                    if stream.full_since is None:
-                        stream.full_since = now
-                    elif now - stream.full_since > self.stall_timeout:
-                        self.abort(stream.request_id)
+                choice.tokens.extend(out.new_token_ids)
+                choice.text = seq.text
+                stream.unread += len(out.new_token_ids)
             if out.finished:
-                self._end(stream, out.finish_reason or FinishReason.FAILED, out.seq.error)
+                choice.finish_reason = seq.finish_reason or FinishReason.FAILED
+                stream._live.discard(seq.index)
+                if seq.error and stream.error is None:
+                    stream.error = seq.error
             else:
-                stream._event.set()
+                stream._live.add(seq.index)
+        limit, bp = self.buffer_tokens, self.backpressure
+        wake = []
+        for stream in (*firsts.values(), *(s for rid, s in touched.items() if rid not in firsts)):
+            if not stream._live:
+                self._end(stream, _request_end(stream.choices), stream.error)
+            else:
+                if stream.unread >= limit and stream.request_id not in bp.paused:
+                    bp.pause(stream.request_id, self.engine.executor.now(), self.stall_timeout)
+                    self.pauses += 1
+                wake.append(stream)
+        self._firsts = len(firsts)
+        return wake
+
+    async def _wake_readers(self, wake: list[RequestStream]) -> None:
+        """Wake the handlers of `wake`. Those with a first token run (and write it) before the loop
+        goes on to the next step; the others write while that step computes."""
+        firsts = self._firsts
+        for stream in wake[:firsts]:
+            stream._event.set()
+        if firsts:
+            await asyncio.sleep(0)
+        for stream in wake[firsts:]:
+            stream._event.set()
 
     def _fail_all(self, exc: BaseException) -> None:
         """A step raised (a plugin's bad answer): its requests cannot go on; the server does."""
@@ -236,6 +239,18 @@ class AsyncEngine:
             with contextlib.suppress(Exception):  # the loop must outlive a broken request
                 self.engine.abort(rid)
             self._end(stream, FinishReason.FAILED, error)
+
+    async def _step(self) -> list[RequestOutput]:
+        engine = self.engine
+        if not self._inline:
+            return await asyncio.to_thread(engine.step)
+        outputs = engine.step()
+        executor = engine.executor
+        if not engine.last_plan_empty:
+            # the loop's timers are coarse (uvloop: 1 ms): never hand tokens out before their time
+            while (left := executor.ready_at - executor.now()) > 0:
+                await asyncio.sleep(left)
+        return outputs
 
     async def _run(self) -> None:
         engine, wake = self.engine, self._wake
@@ -250,12 +265,12 @@ class AsyncEngine:
                     await wake.wait()
                 continue
             try:
-                outputs = await asyncio.to_thread(engine.step)
+                outputs = await self._step()
             except Exception as exc:
                 self._fail_all(exc)
                 continue
             self.steps += 1
-            self._dispatch(outputs)
+            await self._wake_readers(self._dispatch(outputs))
             if self.after_step is not None:
                 self.after_step(engine, outputs)
             if engine.last_plan_empty and not self._pending and not self._aborts:
@@ -268,4 +283,15 @@ class AsyncEngine:
                     pass
 
     def describe(self) -> dict[str, Any]:
-        return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps}
+        return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
+                "paused": len(self.backpressure.paused), "pauses": self.pauses}
+
+
+def _request_end(choices: list[Choice]) -> FinishReason:
+    """A request's end from its samples' ends: failed if one failed, else cancelled if one was,
+    else the first sample's (stop, eos, length: each sample keeps its own)."""
+    reasons = {c.finish_reason for c in choices}
+    for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
+        if bad in reasons:
+            return bad
+    return choices[0].finish_reason or FinishReason.FAILED

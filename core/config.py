@@ -186,7 +186,7 @@ class RunOptions(BaseModel):
 
     workload: str = "chat"
     executor: str = Field(default="sim", min_length=1)  # sim, torch, an entry point or a dotted path
-    cost_model: Literal["steps", "linear", "roofline", "calibrated"] = "steps"
+    cost_model: Literal["steps", "linear", "roofline", "calibrated"] = "roofline"
     step_time: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     cost_params: dict[str, Any] = Field(default_factory=dict)
     rate_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)

@@ -47,6 +47,17 @@ def _name(part: Any) -> str:
     return "?" if part is None else str(part)
 
 
+def cost_model_label(executor: Any) -> str | None:
+    """A simulated executor's cost model in words (`roofline llama-3-8b on A100`, `steps 0.01 s`),
+    or None for an executor without one."""
+    cost = executor.get("cost_model") if isinstance(executor, dict) else None
+    if not isinstance(cost, dict):
+        return None
+    if isinstance(cost.get("model"), str) and isinstance(cost.get("gpu"), str):
+        return f"{_name(cost)} {cost['model']} on {cost['gpu']}"
+    return f"{_name(cost)} {cost['step_time']} s" if "step_time" in cost else _name(cost)
+
+
 # (label, summary key, formatter) of the headline figures, in display order.
 HEADLINE = (
     ("requests", "requests", _int),
@@ -73,6 +84,7 @@ def _title(doc: dict) -> str:
     return (
         f"metroline | policy {doc.get('policy', '?')} | workload {_name(doc.get('workload'))}"
         f" | executor {_name(doc.get('executor'))}"
+        + (f" | cost model {label}" if (label := cost_model_label(doc.get("executor"))) else "")
     )
 
 
@@ -245,6 +257,8 @@ def _comparison_table(docs: list[dict]) -> Any:
         ("workload", [_name(d.get("workload")) for d in docs]),
         ("executor", [_name(d.get("executor")) for d in docs]),
     ]
+    if any(labels := [cost_model_label(d.get("executor")) for d in docs]):
+        rows.append(("cost model", [label or "-" for label in labels]))
     for label, key, fmt in HEADLINE:
         rows.append((label, [fmt(d["summary"].get(key)) for d in docs]))
     for label, key in LATENCY_ROWS:

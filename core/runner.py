@@ -196,11 +196,14 @@ def run_many(
     progress: bool | None = False,
     window_s: float = 60.0,
     vocab_size: int | None = None,
+    ray: str | None = None,
 ) -> list[tuple[dict[str, Any], Any]]:
     """`run_workloads` for runs that may each replay their own workload (a load sweep replays one
     workload at several rates): `(document, extract(engine, document))` per run, in the order of
     `runs` (`None` for the second without `extract`). `extract` runs where the run ran (in its
-    worker), so what it returns, not the engine, crosses back: keep it small and picklable."""
+    worker), so what it returns, not the engine, crosses back: keep it small and picklable.
+    `ray`: run them as tasks of a Ray cluster instead (its address; "" for a local one or the
+    one `RAY_ADDRESS` names; see `ray_runner.run_on_ray`), `jobs` then unused."""
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
     labels = labels or ["+".join([c.policy, *c.plugins]) for _, c in runs]
@@ -208,6 +211,10 @@ def run_many(
     options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
     if vocab_size is not None:
         options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
+    if ray is not None:
+        from .ray_runner import run_on_ray
+
+        return run_on_ray(runs, make_executor, labels, options, extract=extract, address=ray, progress=progress)
     total = max((len(w.items) for w, _ in runs), default=0)
     if jobs <= 1:
         results = []
@@ -232,24 +239,36 @@ def run_many(
     finally:
         _JOB.clear()
         board.close()
-    results = []
-    for label, (doc, extracted, error) in zip(labels, outcomes):
+    return collect_outcomes(labels, outcomes)
+
+
+def collect_outcomes(labels: list[str], outcomes: list[tuple[Any, Any, str | None]]) -> list[tuple[Any, Any]]:
+    """`(document, extracted)` per run from the workers' `run_remote` outcomes, in order; the first
+    run that failed raises ValueError naming its label."""
+    for label, (_, _, error) in zip(labels, outcomes):
         if error is not None:
             raise ValueError(f"{label}: {error}")
-        results.append((doc, extracted))
-    return results
+    return [(doc, extracted) for doc, extracted, _ in outcomes]
 
 
 def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
-    """One run in a worker: (document, extracted, None), or (None, None, the error's message) for
-    the errors the command reports as such (the exception itself may not survive pickling)."""
+    """One run in a forked worker (what `_JOB` holds), as `run_remote`."""
     job = _JOB
     queue = job["queue"]
     bar = _QueuedProgress(index, queue) if queue is not None else False
     workload, config = job["runs"][index]
-    extract = job["extract"]
+    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar)
+
+
+def run_remote(
+    workload: Workload, config: EngineConfig, make_executor: Callable[[], Any], options: dict[str, Any],
+    extract: Callable[[Engine, dict[str, Any]], Any] | None, progress: Any = False,
+) -> tuple[dict[str, Any] | None, Any, str | None]:
+    """One run away from the command's process: (document, extracted, None), or (None, None, the
+    error's message) for the errors the command reports as such (the exception itself may not
+    survive pickling)."""
     try:
-        doc, engine = run_workload(workload, config, job["make_executor"](), progress=bar, **job["options"])
+        doc, engine = run_workload(workload, config, make_executor(), progress=progress, **options)
         extracted = extract(engine, doc) if extract is not None else None
     except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
         return None, None, f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,5 @@
-"""`AsyncEngine` without HTTP: a reader that stops reading is cancelled; the cold-start ramp."""
+"""`AsyncEngine` without HTTP: a reader that stops reading is paused, then cancelled; one that
+comes back is resumed where it stopped; the cold-start ramp; n > 1 samples."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def request(rid: str, tokens: int) -> Request:
     return Request(request_id=rid, prompt_token_ids=[1, 2, 3], sampling=SamplingParams(max_new_tokens=tokens))
 
 
-def test_a_stream_nobody_reads_is_cancelled_after_the_stall_timeout_and_its_blocks_freed():
+def test_a_stream_nobody_reads_is_paused_at_its_buffer_then_cancelled_and_its_blocks_freed():
     eng = engine()
 
     async def main():
@@ -44,7 +45,7 @@ def test_a_stream_nobody_reads_is_cancelled_after_the_stall_timeout_and_its_bloc
     stalled, tokens = asyncio.run(main())
     assert len(tokens) == 20
     assert stalled.finish_reason is FinishReason.CANCELLED
-    assert 4 < len(stalled.tokens) < 30_000
+    assert len(stalled.tokens) == 4  # paused once its buffer (4 tokens) was full: no token more
     eng.pool.check_invariants([])
     assert eng.pool.num_used_blocks() == 0 and not eng.has_unfinished()
 
@@ -68,3 +69,67 @@ def test_the_cold_start_ramp_admits_one_request_at_first():
     refused = asyncio.run(main())
     assert (refused.status, refused.reason, refused.retry_after) == (429, "ramp", 1.0)
     assert "at most 1 requests in flight during the first 60.0 s" in str(refused)
+
+
+def test_a_reader_that_comes_back_resumes_where_it_stopped_with_nothing_freed_or_recomputed():
+    eng = engine()
+    seen = {}
+
+    async def main():
+        loop = AsyncEngine(eng, buffer_tokens=5, stall_timeout=30.0)
+        await loop.start()
+        slow = loop.submit(request("slow", 40))
+        other = loop.submit(request("other", 60))
+        while len(slow.tokens) < 5:  # nobody reads "slow": its buffer fills
+            await asyncio.sleep(0.002)
+        await other.result()  # meanwhile the other request runs to its end
+        await asyncio.sleep(0.05)  # only "slow" is left: a step that schedules nothing, then idle
+        seen["idle"] = eng.last_plan_empty
+        seq = eng.sequences("slow")[0]
+        seen["paused"] = loop.is_paused("slow")
+        seen["held"] = (len(slow.tokens), seq.state.name, len(seq.block_table) > 0, seq.num_preemptions)
+        tokens = await slow.result()  # the reader is back: it catches up, the request resumes
+        await loop.shutdown()
+        return tokens, other.tokens, seq
+
+    tokens, other, seq = asyncio.run(main())
+    # held, not rescued by the core (the plugin asked to be woken up at the stall deadline)
+    assert seen == {"idle": True, "paused": True, "held": (5, "RUNNING", True, 0)}
+    assert len(tokens) == 40 and len(other) == 60
+    assert tokens == alone([1, 2, 3], 40)  # the same tokens as without the pause
+    assert seq.num_preemptions == 0 and seq.recomputed_tokens == 0  # nothing freed, nothing recomputed
+    eng.pool.check_invariants([])
+    assert eng.pool.num_used_blocks() == 0 and not eng.has_unfinished()
+
+
+def test_n_samples_stream_as_choices_each_with_its_own_tokens():
+    from metroline.core.serving.tokens import ContentTokens
+
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    eng = Engine(EngineConfig(), executor, plugins=[ContentTokens()], retain_finished=False)
+
+    async def main():
+        loop = AsyncEngine(eng)
+        await loop.start()
+        stream = loop.submit(Request(request_id="n3", prompt_token_ids=[1, 2, 3],
+                                     sampling=SamplingParams(max_new_tokens=7, n=3)))
+        await stream.result()
+        await loop.shutdown()
+        return stream
+
+    stream = asyncio.run(main())
+    reference = Engine(EngineConfig(), SimulatedExecutor(make_cost_model("steps")), plugins=[ContentTokens()])
+    expected = reference.generate([Request(request_id="n3", prompt_token_ids=[1, 2, 3],
+                                           sampling=SamplingParams(max_new_tokens=7, n=3))])["n3"]
+    assert [c.tokens for c in stream.choices] == [s.output_token_ids for s in sorted(expected, key=lambda s: s.index)]
+    assert len({tuple(c.tokens) for c in stream.choices}) == 3  # the samples differ
+    assert stream.finish_reason is FinishReason.LENGTH and stream.num_output_tokens == 21
+    eng.pool.check_invariants([])
+    assert eng.pool.num_used_blocks() == 0
+
+
+def alone(prompt: list[int], max_tokens: int) -> list[int]:
+    """The tokens the default stand-in sampler gives this request alone (virtual clock)."""
+    ref = Engine(EngineConfig(), SimulatedExecutor(make_cost_model("steps")))
+    out = ref.generate([Request(request_id="r", prompt_token_ids=prompt, sampling=SamplingParams(max_new_tokens=max_tokens))])
+    return out["r"][0].output_token_ids

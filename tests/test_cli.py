@@ -36,7 +36,7 @@ def test_run_writes_the_json_document_and_both_csvs(tmp_path, capsys):
     code = cli.main([
         "run", "--workload", "mixed-64", "--groups", "1", "--max-num-seqs", "16",
         "--json", str(out / "doc.json"), "--requests-csv", str(out / "requests.csv"),
-        "--steps-csv", str(out / "steps.csv"),
+        "--steps-csv", str(out / "steps.csv"), "--cost-model", "steps",
     ])
     assert code == 0
     printed = capsys.readouterr().out

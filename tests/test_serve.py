@@ -317,10 +317,12 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
     which both had requests waiting (VTC's backlog: the only windows where a fair policy owes each
     its share), the weighted service each got, counted by the engine when each token was made
     (prompt tokens at w_in 1, output tokens at w_out 2, weighted_fair's defaults), stays within 15%
-    of 1:2. Steps of 10 ms make 3 s windows hold 300 steps."""
+    of 1:2. Steps of 10 ms make 3 s windows hold 300 steps. Windows that reach past the moment the
+    clients stop submitting are left out: in that drain the policy serves the heavier tenant's
+    queue empty first, and the lighter one alone after it, by design."""
     options = {"weighted_fair": {"weights": {"alpha": 1, "beta": 2}}}
     window, windows = 3.0, 4
-    served = Served()
+    served, stop = Served(), {}
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.01)))
     engine = make_engine(EngineConfig(max_num_seqs=8, policy="weighted_fair", plugin_options=options), executor,
                          plugins=[served])
@@ -341,13 +343,14 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
 
         async def main():
             end = asyncio.get_running_loop().time() + window * windows
+            stop["engine_s"] = executor.now() + window * windows
             await asyncio.gather(*(client(f"key-{t[0]}", end, 100 * i + j)
                                    for i, t in enumerate(("alpha", "beta")) for j in range(12)))
 
         asyncio.run(main())
     doc = fairness(served.records.requests, window_s=window, w_in=1.0, w_out=2.0)
     full = [w for w in doc["windows"][:-1] if w["end_s"] - w["start_s"] >= window - 1e-9]  # the last is cut
-    compared = [w for w in full if set(w["backlogged"]) >= {"alpha", "beta"}]
+    compared = [w for w in full if set(w["backlogged"]) >= {"alpha", "beta"} and w["end_s"] <= stop["engine_s"]]
     assert len(compared) >= 2, doc["windows"]
     for w in compared:
         alpha, beta = w["service"]["alpha"], w["service"]["beta"]
@@ -413,8 +416,14 @@ def test_stop_strings_on_stand_in_text_cut_the_text_and_end_the_request():
                 break
             asyncio.run(asyncio.sleep(0.01))
         all_free_or_evictable(srv.engine)
+        m = metrics(srv.url)
     assert (r["choices"][0]["text"], r["choices"][0]["finish_reason"]) == (expected, "stop")
     assert (status, text, reason) == (200, expected, "stop")
+    # the engine ended both on the stop string: finished as "stop", not cancelled by the server
+    finished = {k[1]: v for k, v in m.items() if k[0] == "metroline_requests_finished_total"}
+    assert finished == {(("reason", "stop"), ("tenant", "default")): 2}
+    # the stop string " t3 " is complete once the 5th token's leading space follows the 4th
+    assert m[("metroline_tokens_served_total", (("tenant", "default"),))] == 2 * 5
 
 
 async def _stream_all(url: str, body: dict) -> tuple[int, str, str | None]:

@@ -78,7 +78,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
     labels, configs = policy_configs(args.policies, config)
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
-    jobs, extra = args.jobs, {}
+    jobs, extra = args.jobs, {"ray": args.ray}
     if getattr(executor, "kv_bytes_per_token", None):
         # a real model: its KV geometry fits every config alike, and runs go one at a time (each
         # one's wall-clock timings must not share the cores with another)

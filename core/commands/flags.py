@@ -84,9 +84,10 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="torch executor: the KV budget that sizes the pool when --num-blocks is not given "
                    "(default 85%% of the free GPU memory; on CPU 1 GB, at most a quarter of the RAM)")
     p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"),
-                   help=f"how long a simulated step takes {_default('cost_model')}")
+                   help=f"how long a simulated step takes {_default('cost_model')}; roofline is llama-3-8b on "
+                   "an A100 unless --cost-param model=/gpu= say otherwise; steps counts steps, for teaching")
     p.add_argument("--step-time", type=float, metavar="S", help="seconds per step of the steps cost model "
-                   "(default 0.01)")
+                   "(default 0.01; without --cost-model it means --cost-model steps)")
     p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
                    help="a cost model parameter, e.g. gpu=H100 or path=steps.csv (repeatable; default: the "
                    "cost model's own)")
@@ -117,6 +118,14 @@ def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--slo", required=required, metavar="METRIC=S,...",
                    help="latency bounds in seconds, e.g. ttft=0.5,tpot=0.05 (metrics: ttft, tpot, e2e): "
                    "SLO attainment and goodput (requests/s within every bound)" + ("" if required else " (default: none)"))
+
+
+def ray_flag(p: argparse.ArgumentParser) -> None:
+    """`--ray [ADDRESS]`: the runs as tasks of a Ray cluster (`core/ray_runner.py`)."""
+    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run on a Ray cluster instead of local worker processes: at ADDRESS, or without one "
+                   "the cluster $RAY_ADDRESS names, else a new local one (pip install 'metroline[ray]'); the "
+                   "results do not depend on it (default: local processes)")
 
 
 def sweep_flags(p: argparse.ArgumentParser) -> None:

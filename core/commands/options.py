@@ -101,6 +101,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         raise ConfigError(validation_message(exc, lambda k: where(k) if k in origin else f"{source}: run", RunOptions)) from None
     if options["step_time"] is not None:
         options["cost_params"]["step_time"] = options["step_time"]
+        if "cost_model" not in run:  # a step time names the steps cost model, not the default's
+            options["cost_model"] = "steps"
     try:
         config = EngineConfig.model_validate(fields)
     except ValidationError as exc:
@@ -154,7 +156,7 @@ def make_executor(run: dict[str, Any]) -> Any:
         for key in ("model", "dtype", "device", "kv_memory_gb"):
             if run.get(key) is not None:
                 raise ValueError(f"--{key.replace('_gb', '').replace('_', '-')} applies to --executor torch, not sim")
-        return build("sim", cost_model=run.get("cost_model", "steps"), cost_params=run.get("cost_params"))
+        return build("sim", cost_model=run.get("cost_model", "roofline"), cost_params=run.get("cost_params"))
     options = {k: run[k] for k in ("model", "dtype", "device", "kv_memory_gb") if run.get(k) is not None}
     return build(name, **options)
 

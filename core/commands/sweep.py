@@ -92,7 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError("sweep: runs the simulator only (--executor sim); a real model's sweep would take hours")
     workload = make_workload(run, config.seed)
     manifest = manifest_for(args, config, run, workload, configs)
-    sweep = Sweep(workload, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs,
+    sweep = Sweep(workload, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs, ray=args.ray,
                   oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
                   window_s=run.get("window", 60.0))
     if rates is None:

@@ -54,6 +54,10 @@ class ServerMetrics:
         self.finished = Counter(
             "metroline_requests_finished", "Requests ended, by finish reason", ["tenant", "reason"], registry=r,
         )
+        self.paused = Gauge("metroline_paused_requests", "Requests paused: their client stopped reading", registry=r)
+        self.pauses = Counter("metroline_stream_pauses", "Times a request was paused for a client that stopped reading",
+                              registry=r)
+        self._pauses_seen = 0
         self.rejections = Counter(
             "metroline_rejections", "Requests refused before reaching the engine", ["tenant", "reason"], registry=r,
         )
@@ -96,6 +100,13 @@ class ServerMetrics:
         self.swapped.set(len(s.swapped))
         self.free_blocks.set(pool.num_free_blocks())
         self.cached_blocks.set(pool.num_cached_blocks())
+
+    def backpressure(self, paused: int, pauses: int) -> None:
+        """The engine loop's pause figures: `paused` now, `pauses` since it started."""
+        self.paused.set(paused)
+        if pauses > self._pauses_seen:
+            self.pauses.inc(pauses - self._pauses_seen)
+            self._pauses_seen = pauses
 
     def reject(self, tenant: str, reason: str) -> None:
         self.rejections.labels(tenant, reason).inc()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -24,7 +25,7 @@ class _Body(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1)
     seed: int | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -80,13 +81,19 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def sse_text(data: dict | str) -> str:
+    """One server-sent event, as text."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
 def sse(data: dict | str) -> bytes:
     """One server-sent event."""
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
+    return sse_text(data).encode()
 
 
-DONE = sse("[DONE]")
+DONE_TEXT = sse_text("[DONE]")
+DONE = DONE_TEXT.encode()
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -97,29 +104,46 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 class Shapes:
-    """Builds the response and chunk bodies of one request (`chat` or plain completion)."""
+    """Builds the response and chunk bodies of one request (`chat` or plain completion).
 
-    __slots__ = ("id", "model", "chat", "created")
+    The chunks that carry text, one per token or so, are the server's hottest path: `delta` writes
+    their SSE frame from a prefix encoded once per request and the text quoted by the json module's
+    C string encoder, with no dict built and no general `json.dumps` (it equals `sse(chunk(...))`
+    byte for byte). The rare chunks (a choice's end, usage) go through `chunk`."""
+
+    __slots__ = ("id", "model", "chat", "created", "_head_json")
 
     def __init__(self, request_id: str, model: str, chat: bool) -> None:
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.model = model
         self.chat = chat
         self.created = int(time.time())
+        head = json.dumps(self._head(True), separators=(",", ":"))
+        self._head_json = "data: " + head[:-1] + ',"choices":[{"index":'
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False, use: dict | None = None) -> dict:
+    def delta(self, index: int, text: str, first: bool = False) -> str:
+        """The SSE frame of a chunk carrying `text` for choice `index` (not its last)."""
+        if self.chat:
+            role = '"role":"assistant",' if first else ""
+            return (f'{self._head_json}{index},"delta":{{{role}"content":{_quote(text)}}},'
+                    '"logprobs":null,"finish_reason":null}]}\n\n')
+        return f'{self._head_json}{index},"text":{_quote(text)},"logprobs":null,"finish_reason":null}}]}}\n\n'
+
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False, use: dict | None = None,
+              index: int = 0) -> dict:
         body = self._head(True)
         if self.chat:
-            delta: dict[str, Any] = {"content": text}
+            delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            delta["content"] = text
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         body["choices"] = [choice]
         if use is not None:
             body["usage"] = use
@@ -128,15 +152,19 @@ class Shapes:
     def usage_chunk(self, use: dict) -> dict:
         return {**self._head(True), "choices": [], "usage": use}
 
-    def response(self, text: str, finish_reason: str, use: dict) -> dict:
+    def response(self, choices: list[tuple[str, str]], use: dict) -> dict:
+        """The whole (not streamed) answer: one (text, finish reason) per choice."""
         body = self._head(False)
         if self.chat:
-            choice = {
-                "index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": None, "finish_reason": finish_reason,
-            }
+            body["choices"] = [
+                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                 "finish_reason": reason}
+                for i, (text, reason) in enumerate(choices)
+            ]
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        body["choices"] = [choice]
+            body["choices"] = [
+                {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                for i, (text, reason) in enumerate(choices)
+            ]
         body["usage"] = use
         return body

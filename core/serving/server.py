@@ -26,9 +26,13 @@ def make_engine(config: EngineConfig, executor: Any, plugins: list[Any] = ()) ->
 
 
 def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uvicorn.Config:
+    # uvicorn picks httptools and uvloop when installed (the `serve` extra); no access log and no
+    # proxy-header middleware: nothing here reads the client's address, and every streamed chunk
+    # resumes the whole middleware stack
     return uvicorn.Config(
         app, host=serve.host, port=serve.port if port is None else port, log_level="warning",
-        timeout_graceful_shutdown=max(1, int(serve.drain_s)), lifespan="on",
+        timeout_graceful_shutdown=max(1, int(serve.drain_s)), lifespan="on", access_log=False,
+        proxy_headers=False,
     )
 
 

@@ -48,6 +48,10 @@ class ServeConfig(BaseModel):
 
     `cache_salt`: a per-tenant prefix-cache salt, so that one tenant cannot probe another's prompts
     by timing; None means on when several tenants are configured.
+    `buffer_tokens`, `stall_timeout`: backpressure. A streamed request whose client has not taken
+    its last `buffer_tokens` tokens (it stopped reading and the socket buffers are full) is paused:
+    the engine stops serving it but keeps its blocks, and resumes it as soon as the client reads
+    again. Paused for `stall_timeout` seconds, it is cancelled and its blocks freed.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -24,8 +24,8 @@ class StandInTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: list[int]) -> str:
-        return "".join(f" {i}" for i in ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join([f" {i}" for i in ids])
 
     def chat_prompt(self, messages: list[tuple[str, str]]) -> list[int]:
         text = "".join(f"{role}: {content}\n" for role, content in messages) + "assistant:"
@@ -54,32 +54,19 @@ class HFTokenizer:
 
 
 def tokenizer_for(executor: Any) -> Any:
-    """The executor's tokenizer (`executor.tokenizer`) wrapped for the server, else stand-ins."""
+    """The executor's tokenizer (`executor.tokenizer`) wrapped for the server (a stand-in one as
+    it is), else stand-ins."""
     tok = getattr(executor, "tokenizer", None)
-    return StandInTokenizer() if tok is None else HFTokenizer(tok)
-
-
-class TextStream:
-    """The output text of a request so far: the engine's own detokenised text when it has a
-    tokenizer (`stream.text`), else the server's tokenizer's decoding of every output token. Text
-    that ends in an incomplete UTF-8 character is held back until it completes."""
-
-    __slots__ = ("tokenizer", "text")
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.text = ""
-
-    def full(self, stream: Any) -> str:
-        text = stream.text if stream.text is not None else self.tokenizer.decode(stream.tokens)
-        if stream.finished or not text.endswith("\ufffd"):
-            self.text = text
-        return self.text
+    if tok is None:
+        return StandInTokenizer()
+    return tok if isinstance(tok, StandInTokenizer) else HFTokenizer(tok)
 
 
 class ContentTokens:
-    """Stand-in tokens that depend only on the sequence's own tokens (simulation only: it answers
-    `sample` when there are no logits, and defers to the other samplers otherwise)."""
+    """Stand-in tokens that depend only on the sequence's own tokens and its sample index (so the
+    `n` samples of one request differ, and the first is what the request gets with `n = 1`).
+    Simulation only: it answers `sample` when there are no logits, and defers to the other
+    samplers otherwise."""
 
     name = "content_tokens"
 
@@ -90,7 +77,7 @@ class ContentTokens:
         out = []
         for seq in seqs:
             ids = seq.token_ids
-            h = len(ids)
+            h = len(ids) + 7919 * seq.index
             for t in ids[-4:]:
                 h = ((h * 1_000_003) ^ t) & 0xFFFFFFFF
             out.append(1 + h % 30000)

@@ -1,0 +1,148 @@
+"""Streaming a request's output: `EventStream`, the ASGI response that writes server-sent events
+as the engine produces tokens, and `ChoiceText`, the text of one choice that is safe to send.
+
+Each time the engine hands a request new tokens, its handler wakes once and writes one chunk per
+choice that has new text, all in one write (`n > 1`: the choices' chunks interleave, each with its
+`index`). The first token goes out in the write that follows the step that made it: there is no
+batching window. Text frames are pre-encoded (`Shapes.delta`).
+
+Disconnects: a task waits on the ASGI `receive` channel for `http.disconnect` and aborts the
+request at once (its blocks are freed at the engine's next step), whether the handler is waiting
+for tokens or blocked writing. A handler blocked writing (the client stopped reading and the
+socket buffers are full) stops taking tokens, so the engine loop pauses the request once
+`buffer_tokens` are unread (see `backpressure.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..sequence import FinishReason
+from . import protocol as p
+from .streams import Choice, RequestStream
+
+OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+class ChoiceText:
+    """What of a choice's text may be sent: the engine's detokenised text (it cuts stop strings
+    itself), else the server tokenizer's decoding of its tokens; while the choice runs, the last
+    `hold` characters (they may begin a stop string) and a trailing incomplete character wait."""
+
+    __slots__ = ("choice", "tokenizer", "hold", "sent", "first", "done")
+
+    def __init__(self, choice: Choice, tokenizer: Any, hold: int) -> None:
+        self.choice = choice
+        self.tokenizer = tokenizer
+        self.hold = hold
+        self.sent = 0
+        self.first = True
+        self.done = False
+
+    def text(self) -> str:
+        c = self.choice
+        return c.text if c.text is not None else self.tokenizer.decode(c.tokens)
+
+    def new(self) -> str:
+        """The text not sent yet that may be sent now (marked sent)."""
+        text = self.text()
+        if self.choice.finish_reason is None:
+            upto = len(text) - self.hold
+            if text.endswith("\ufffd"):
+                upto = min(upto, len(text) - 1)
+        else:
+            upto = len(text)
+        if upto <= self.sent:
+            return ""
+        new, self.sent = text[self.sent:upto], upto
+        return new
+
+
+def hold_for(stops: Any) -> int:
+    """Characters to hold back so that no prefix of a stop string is sent before it completes."""
+    if not stops:
+        return 0
+    return max(len(s) for s in ([stops] if isinstance(stops, str) else stops)) - 1
+
+
+class EventStream:
+    """The ASGI response of a streamed completion (an ASGI app: Starlette calls it as a
+    response). `on_abort(request_id)` cancels the request when the client goes away."""
+
+    def __init__(self, stream: RequestStream, shapes: p.Shapes, tokenizer: Any, hold: int,
+                 include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None) -> None:
+        self.stream = stream
+        self.shapes = shapes
+        self.texts = [ChoiceText(c, tokenizer, hold) for c in stream.choices]
+        self.include_usage = include_usage
+        self.on_abort = on_abort
+        self.marks = marks
+        """When a list: the time of the first write of text is appended to it (`clock()`)."""
+        self.clock = clock
+        self.gone = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        stream = self.stream
+        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        watcher = asyncio.ensure_future(self._watch(receive))
+        try:
+            while not self.gone:
+                await stream.wait()
+                frames = self._frames()
+                if frames:
+                    if self.marks is not None and len(self.marks) == 1:
+                        self.marks.append(self.clock())
+                    await send({"type": "http.response.body", "body": frames, "more_body": True})
+                if stream.finished:
+                    break
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            if not stream.finished:
+                self.on_abort(stream.request_id)
+
+    async def _watch(self, receive: Any) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.stream.finished:
+            self.gone = True
+            self.on_abort(self.stream.request_id)
+
+    def _frames(self) -> bytes:
+        """The frames of what the engine produced since the last write: new text of the running
+        choices, the last chunk of those that ended (usage on the request's last), then, at the
+        request's end, the usage chunk when asked and [DONE]."""
+        stream, shapes = self.stream, self.shapes
+        if stream.finish_reason in (FinishReason.FAILED, FinishReason.CANCELLED):
+            msg = ("cancelled" if stream.finish_reason is FinishReason.CANCELLED
+                   else f"the engine failed this request: {stream.error}")
+            return p.sse(p.error_body(msg, "server_error")) + p.DONE
+        out: list[str] = []
+        ending = [t for t in self.texts if not t.done and t.choice.finish_reason is not None]
+        for t in self.texts:
+            if t.done:
+                continue
+            new = t.new()
+            if t.choice.finish_reason is None:
+                if new:
+                    out.append(shapes.delta(t.choice.index, new, t.first))
+                    t.first = False
+                continue
+            t.done = True
+            use = None
+            if stream.finished and t is ending[-1]:
+                use = p.usage(len(stream.request.prompt_token_ids), stream.num_output_tokens)
+            reason = OPENAI_REASON.get(t.choice.finish_reason, "stop")
+            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.choice.index)))
+            if use is not None and self.include_usage:
+                out.append(p.sse_text(shapes.usage_chunk(use)))
+        if stream.finished:
+            out.append(p.DONE_TEXT)
+        return "".join(out).encode()
+
+
+def final_texts(stream: RequestStream, tokenizer: Any) -> list[tuple[str, str]]:
+    """(text, OpenAI finish reason) of each choice of an ended request."""
+    return [(ChoiceText(c, tokenizer, 0).text(), OPENAI_REASON.get(c.finish_reason, "stop")) for c in stream.choices]

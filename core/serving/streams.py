@@ -1,0 +1,87 @@
+"""What a request's handler reads: its `RequestStream` (one `Choice` per sample), fed by the
+`AsyncEngine` loop; and `Rejected`, a request refused before it reached the engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..request import Request
+from ..sequence import FinishReason
+
+
+class Rejected(Exception):
+    """A request refused before it reached the engine: HTTP `status`, and `retry_after` seconds
+    for a 429."""
+
+    def __init__(self, message: str, status: int = 429, retry_after: float | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+        self.reason = reason or ("queue_full" if status == 429 else "unavailable")
+
+
+class Choice:
+    """One sample of a request: its output `tokens`, the engine's `text` of them (None without a
+    tokenizer) and its `finish_reason` once it ended."""
+
+    __slots__ = ("index", "tokens", "text", "finish_reason")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.tokens: list[int] = []
+        self.text: str | None = None
+        self.finish_reason: FinishReason | None = None
+
+
+class RequestStream:
+    """One request's output as the engine produces it, for the handler that streams it.
+
+    `choices` has one `Choice` per sample (`sampling.n`); `unread` counts the tokens produced since
+    the handler last called `wait()`; `finish_reason` and `error` are set when the whole request
+    has ended (every sample, or the request failed or was cancelled). `on_read(stream)` is told
+    each time the handler has taken everything (backpressure resumes a paused request there)."""
+
+    __slots__ = ("request", "choices", "unread", "finish_reason", "error", "_live", "_event", "_on_read")
+
+    def __init__(self, request: Request, on_read: Callable[[RequestStream], None] | None = None) -> None:
+        self.request = request
+        self.choices = [Choice(i) for i in range(request.sampling.n)]
+        self.unread = 0
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self._live = {0}  # samples not ended (the others appear at the first token)
+        self._event = asyncio.Event()
+        self._on_read = on_read
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def tokens(self) -> list[int]:
+        """The output tokens of the first sample."""
+        return self.choices[0].tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.choices)
+
+    async def wait(self) -> None:
+        """Wait for output not taken yet (or the end), and take it: the reader has caught up."""
+        while not self.unread and not self.finished:
+            self._event.clear()
+            await self._event.wait()
+        self.unread = 0
+        if self._on_read is not None:
+            self._on_read(self)
+
+    async def result(self) -> list[int]:
+        """Wait for the end; the first sample's output tokens."""
+        while not self.finished:
+            await self.wait()
+        return self.tokens

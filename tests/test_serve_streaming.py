@@ -1,0 +1,183 @@
+"""Streaming through the HTTP server: n > 1 choices with the openai client, and backpressure (a
+client that stops reading is paused, holding its blocks, then resumed or, past the stall timeout,
+cancelled)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from metroline.core.config import EngineConfig  # noqa: E402
+from metroline.core.engine import Engine  # noqa: E402
+from metroline.core.request import Request, SamplingParams  # noqa: E402
+from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
+from metroline.core.serving.tenants import ServeConfig  # noqa: E402
+from metroline.core.serving.tokens import ContentTokens, StandInTokenizer  # noqa: E402
+from metroline.executors.cost_models import make_cost_model  # noqa: E402
+from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
+from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
+
+
+def sim_server(step_time: float, serve: dict | None = None, **config) -> ServerThread:
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=step_time)))
+    return ServerThread(make_engine(EngineConfig(**config), executor), ServeConfig(**(serve or {})))
+
+
+def samples(prompt: list[int], max_tokens: int, n: int) -> list[list[int]]:
+    """Each sample's tokens when the request runs alone (virtual clock, no server), by index."""
+    engine = Engine(EngineConfig(), SimulatedExecutor(make_cost_model("steps")), plugins=[ContentTokens()])
+    out = engine.generate([Request(request_id="r", prompt_token_ids=prompt,
+                                   sampling=SamplingParams(max_new_tokens=max_tokens, temperature=0, n=n))])
+    return [s.output_token_ids for s in sorted(out["r"], key=lambda s: s.index)]
+
+
+def ids(text: str) -> list[int]:
+    return [int(t) for t in text.split()]
+
+
+def metrics(url: str) -> dict[tuple[str, tuple], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text) for s in fam.samples
+    }
+
+
+def test_n_choices_stream_interleaved_with_their_index_and_usage_counts_them_all():
+    openai = pytest.importorskip("openai")
+    question = [{"role": "user", "content": "Three names for a metro line?"}]
+    prompt = StandInTokenizer().chat_prompt([("user", question[0]["content"])])
+    with sim_server(step_time=0.002) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        chunks = list(client.chat.completions.create(
+            model="sim", messages=question, max_tokens=9, temperature=0, n=3, stream=True,
+            stream_options={"include_usage": True},
+        ))
+        whole = client.completions.create(model="sim", prompt=[5, 6, 7], max_tokens=4, n=2, temperature=0)
+        all_ended = not srv.engine.has_unfinished()
+        srv.engine.pool.check_invariants([])
+    order = [c.choices[0].index for c in chunks if c.choices]
+    texts, reasons = {}, {}
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            reasons[choice.index] = choice.finish_reason or reasons.get(choice.index)
+    expected = samples(prompt, 9, 3)
+    assert [ids(texts[i]) for i in range(3)] == expected
+    assert len({tuple(e) for e in expected}) == 3  # three different samples
+    assert reasons == {0: "length", 1: "length", 2: "length"}
+    # interleaved as they are made: every index appears before any index's last chunk
+    assert max(order.index(i) for i in range(3)) < min(len(order) - 1 - order[::-1].index(i) for i in range(3))
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), 3 * 9)
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert [ids(c.text) for c in whole.choices] == samples([5, 6, 7], 4, 2)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (3, 2 * 4)
+    assert all_ended
+
+
+def test_more_choices_than_max_num_seqs_or_an_empty_stop_string_answer_400_naming_the_field():
+    with sim_server(step_time=0.001, max_num_seqs=4) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 5})
+        ok = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 4})
+        empty_stop = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "stop": [""]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "n")
+    assert "n (5) exceeds max_num_seqs=4" in r.json()["error"]["message"]
+    assert (empty_stop.status_code, empty_stop.json()["error"]["param"]) == (400, "stop")
+    assert ok.status_code == 200 and [c["index"] for c in ok.json()["choices"]] == [0, 1, 2, 3]
+
+
+def _open_stream(port: int, body: dict) -> socket.socket:
+    """POST a streamed completion on a socket with a small receive buffer, and read nothing."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps({**body, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+def _wait(cond, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+_FRAME = re.compile(rb'data: (\{[^\n]*\})\n\n')
+
+
+def test_a_client_that_stops_reading_is_paused_holding_its_blocks_and_resumes_when_it_reads():
+    long = 30_000
+    with sim_server(step_time=0.0001, serve={"buffer_tokens": 8}, max_model_len=long + 8,
+                    num_blocks=(long + 8) // 16 + 64) as srv:
+        loop = srv.server_state.loop
+        sock = _open_stream(srv.port, {"prompt": [1, 2, 3], "max_tokens": long})
+        try:
+            # the socket buffers fill, the handler blocks writing, 8 tokens go unread: paused
+            _wait(lambda: loop.backpressure.paused)
+            (rid,) = loop.backpressure.paused
+            seq = srv.engine.sequences(rid)[0]
+            held = (len(seq.token_ids), list(seq.block_table))
+            # the server goes on serving the others meanwhile
+            other = httpx.post(srv.url + "/v1/completions", json={"prompt": [4, 5], "max_tokens": 40}, timeout=30)
+            assert other.status_code == 200 and ids(other.json()["choices"][0]["text"]) == samples([4, 5], 40, 1)[0]
+            assert (len(seq.token_ids), list(seq.block_table), seq.state.name) == (*held, "RUNNING")
+            assert held[0] - 3 < long  # paused well before its end
+            # the client reads again: the request resumes where it stopped
+            raw, got, want = b"", [], held[0] - 3 + 500
+            sock.settimeout(30)
+            while len(got) < want:
+                raw += sock.recv(1 << 16)
+                cut = raw.rfind(b"\n\n") + 2  # whole frames only
+                if cut < 2:
+                    continue
+                got += ids("".join(json.loads(m)["choices"][0]["text"] for m in _FRAME.findall(raw[:cut])))
+                raw = raw[cut:]
+            assert got == samples([1, 2, 3], len(got), 1)[0]
+            assert seq.num_preemptions == 0 and seq.recomputed_tokens == 0  # nothing freed, nothing recomputed
+            assert loop.pauses >= 1
+        finally:
+            sock.close()
+        _wait(lambda: not srv.engine.has_unfinished())  # hung up: cancelled, its blocks freed
+        srv.engine.pool.check_invariants([])
+        assert srv.engine.pool.num_used_blocks() == 0
+
+
+def test_a_client_paused_past_the_stall_timeout_is_cancelled_and_its_blocks_freed():
+    long = 30_000
+    with sim_server(step_time=0.0001, serve={"buffer_tokens": 8, "stall_timeout": 0.3},
+                    max_model_len=long + 8, num_blocks=(long + 8) // 16 + 64) as srv:
+        loop = srv.server_state.loop
+        sock = _open_stream(srv.port, {"prompt": [1, 2, 3], "max_tokens": long})
+        try:
+            _wait(lambda: loop.pauses >= 1)
+            # the client keeps its connection but never reads: cancelled after the stall timeout
+            _wait(lambda: not srv.engine.has_unfinished() and not loop.streams)
+            srv.engine.pool.check_invariants([])
+            assert srv.engine.pool.num_used_blocks() == 0
+            m = metrics(srv.url)
+        finally:
+            sock.close()
+    assert m[("metroline_requests_finished_total", (("reason", "cancelled"), ("tenant", "default")))] == 1
+    assert m[("metroline_stream_pauses_total", ())] == loop.pauses == 1
+    assert m[("metroline_paused_requests", ())] == 0 and not loop.backpressure.paused
+
+
+def test_the_pre_encoded_text_frames_equal_the_general_encoding():
+    from metroline.core.serving import protocol as p
+
+    for chat in (True, False):
+        shapes = p.Shapes("abc123", "m\u00e9tro \"sim\"", chat)
+        for index, text, first in ((0, " 17", True), (2, 'quote " back\\slash \u00e9\n', False), (1, "", False)):
+            assert shapes.delta(index, text, first).encode() == p.sse(shapes.chunk(text, first=first, index=index))
