@@ -58,6 +58,7 @@ from .core.plugin_loader import instantiate
 from .core.engine import Engine
 from .core.runner import replay, result_of
 from .core.sequence import FinishReason, SeqState
+from .core.victim_loop import REFUSALS_PER_STEP
 from .core.workloads import SyntheticSpec, Workload, build_workload, generate
 from .executors.cost_models import make_cost_model
 from .executors.simulated import SimulatedExecutor
@@ -76,7 +77,8 @@ PER_STEP_LIMITS: dict[str, int] = {
     "on_step_end": 1,
 }
 """How many times each hook may be called in one step. `select_victim` may be called once per
-preemption or refusal, so its bound is `2 * max_num_seqs + 2`."""
+preemption or refusal (at most `REFUSALS_PER_STEP` for blocks and one for slots, whatever the
+queue's length), so its bound is `2 * max_num_seqs + REFUSALS_PER_STEP + 1`."""
 
 
 class ConformanceError(AssertionError):
@@ -283,7 +285,7 @@ def _check_drained(engine: Any, label: str, failures: list[str]) -> None:
 
 
 def _check_calls(calls: Counter, config: EngineConfig, label: str, failures: list[str]) -> None:
-    limits = dict(PER_STEP_LIMITS, select_victim=2 * config.max_num_seqs + 2)
+    limits = dict(PER_STEP_LIMITS, select_victim=2 * config.max_num_seqs + REFUSALS_PER_STEP + 1)
     worst: dict[str, tuple[int, int]] = {}
     for (hook, step), n in calls.items():
         if n > worst.get(hook, (0, 0))[0]:

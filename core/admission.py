@@ -50,11 +50,14 @@ class Admission:
         # a candidate may come back once after a preemption in this step: twice the requests
         self._pulls_left = 2 * (len(self.waiting) + len(self.swapped) + len(self.running)) + 8
         try:
+            reserves = self._reserves
+            if reserves is not None and reserves.prefill_outstanding() and not self._admit_reserved_first(
+                candidates, plan, max_chunk, head_of_line
+            ):
+                return
             while plan.decode_left > 0 or plan.prefill_left > 0:
-                if len(plan.preempted) > self._notified:
-                    if not self._admit_after_preemption:
-                        return
-                    self._notify_preempted(plan)  # the victims are back in the queue, in their place
+                if len(plan.preempted) > self._notified and not self._victims_back(plan):
+                    return
                 seq = self._next_candidate(candidates)
                 if seq is None:
                     return
@@ -63,6 +66,15 @@ class Admission:
                     return
         finally:
             close_candidates(candidates)  # the policy's generator gets its cleanup
+
+    def _victims_back(self, plan: StepPlan) -> bool:
+        """After a preemption in this step: False when admission must end there (the preset's
+        `admit_after_preemption` is off); otherwise the victims are told (`on_preempted`), so
+        they are back in their policy's queue, in their place, before the next candidate."""
+        if not self._admit_after_preemption:
+            return False
+        self._notify_preempted(plan)
+        return True
 
     def _next_candidate(self, candidates: Iterator[Sequence]) -> Sequence | None:
         self._pulls_left -= 1
@@ -157,7 +169,7 @@ class Admission:
             swapped_in[0] = self.pool.swap_in(seq.host_table, self.swap, plan.block_ops)
             return swapped_in[0] is not None
 
-        if not self.preempt_for(seq, "blocks", plan, swap_in):
+        if not self.preempt_for(seq, "blocks", plan, swap_in, len(seq.host_table)):
             return BLOCKED
         seq.block_table, seq.host_table = swapped_in[0], []
         del self.swapped[seq]

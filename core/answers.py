@@ -11,7 +11,7 @@ Cheap by design: a type test per answer and, for `admission`, one `isinstance` p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .candidates import Candidates, close_candidates
@@ -67,15 +67,34 @@ def _order_running(plugin: str, answer: Any) -> Any:
 
 
 def split_problem(split: Any) -> str | None:
-    """What is wrong with the types of a `split_budget` answer (its ranges are checked by the
-    scheduler against the budget), or None."""
-    if not isinstance(split, tuple) or len(split) not in (3, 4):
-        return f"expected Split(decode, prefill, max_chunk) or Split(decode, prefill, max_chunk, max_prefills), got {_describe(split)}"
+    """What is wrong with a `split_budget` answer on its own: the types of its fields, and
+    `shares` (finite fractions >= 0 of tenants, summing to at most 1). Its ranges against the
+    step's budget are checked by the scheduler. None when nothing is."""
+    if not isinstance(split, tuple) or not 3 <= len(split) <= 5:
+        return f"expected Split(decode, prefill, max_chunk), optionally with max_prefills and shares, got {_describe(split)}"
     for field, value in zip(("decode", "prefill", "max_chunk", "max_prefills"), split):
         if field == "max_prefills" and value is None:
             continue
         if not _is_int(value):
             return f"Split.{field} must be an int, got {_describe(value)}"
+    return shares_problem(split[4]) if len(split) == 5 else None
+
+
+def shares_problem(shares: Any) -> str | None:
+    """What is wrong with `Split.shares` (None when nothing is)."""
+    if shares is None:
+        return None
+    if not isinstance(shares, Mapping):
+        return f"Split.shares must be a mapping of tenant -> fraction, got {_describe(shares)}"
+    total = 0.0
+    for tenant, fraction in shares.items():
+        if not isinstance(tenant, str):
+            return f"Split.shares: tenant names are strings, got {_describe(tenant)}"
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            return f"Split.shares[{tenant!r}] must be a fraction in [0, 1], got {_describe(fraction)}"
+        total += fraction
+    if total > 1 + 1e-9:
+        return f"Split.shares sum to {total:g}, more than the whole budget (1)"
     return None
 
 

@@ -64,21 +64,26 @@ class StepContext:
 
     @property
     def num_running(self) -> int:
+        """How many sequences run now."""
         return len(self.running)
 
     @property
     def num_waiting(self) -> int:
+        """How many sequences wait now (swapped ones not included)."""
         return len(self.waiting)
 
     @property
     def block_size(self) -> int:
+        """Tokens per KV block."""
         return self._pool.block_size
 
     @property
     def num_blocks(self) -> int:
+        """KV blocks in the pool."""
         return self._pool.num_blocks
 
     def num_free_blocks(self) -> int:
+        """KV blocks allocatable now: free ones and evictable cached ones."""
         return self._pool.num_free_blocks()
 
     def cached_prefix_tokens(self, seq: Sequence) -> int:

@@ -47,8 +47,12 @@ def attributed(
 
 def attributed_wrapper(fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
     """A wrapper implementation (`wrapper=True`, or old-style `hookwrapper=True`) wrapped so that an
-    exception it raises names the plugin and the hook; a new-style wrapper's answer is checked."""
-    check = answers.CHECKS.get(hook) if new_style else None
+    exception it raises names the plugin and the hook, and an answer it gives is checked
+    (`answers.CHECKS`) as the wrapper's own: a new-style wrapper's return value, or the result an
+    old-style one forced (`outcome.force_result`)."""
+    check = answers.CHECKS.get(hook)
+    if not new_style:
+        return _old_style(fn, plugin, hook, check)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -61,6 +65,46 @@ def attributed_wrapper(fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
         if check is not None and result is not None:
             return check(plugin, result)
         return result
+
+    return call
+
+
+def _old_style(fn: Any, plugin: str, hook: str, check: Any) -> Any:
+    """An old-style `hookwrapper=True` implementation, attributed: it receives pluggy's `Result`
+    at its one `yield`; a result it forced in place of the one below is checked as its own."""
+
+    def named(exc: Exception) -> PluginError:
+        err = PluginError(plugin, hook, f"wrapper raised {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            gen = fn(*args, **kwargs)
+            first = next(gen)
+        except StopIteration:
+            raise PluginError(plugin, hook, "hookwrapper returned without yielding") from None
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise named(exc) from exc
+        outcome = yield first
+        below = outcome.get_result() if outcome.exception is None else None
+        try:
+            gen.send(outcome)
+        except StopIteration:
+            pass
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise named(exc) from exc
+        else:
+            raise PluginError(plugin, hook, "hookwrapper yielded more than once")
+        if check is not None and outcome.exception is None:
+            result = outcome.get_result()
+            if result is not None and result is not below:
+                outcome.force_result(check(plugin, result))
 
     return call
 

@@ -48,6 +48,7 @@ SHIPPED: dict[str, str] = {
     "tenant_quota": "metroline.plugins_contrib.tenant_quota:TenantQuota",
     "prefix_aware": "metroline.plugins_contrib.prefix_aware:PrefixAware",
     "slo_classes": "metroline.plugins_contrib.slo_classes:SLOClasses",
+    "tenant_shares": "metroline.plugins_contrib.tenant_shares:TenantShares",
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 

@@ -3,7 +3,8 @@
 It decides and never touches tensors; policy comes from the plugins' hooks, blocks from the
 `BlockPool`. See DESIGN.md, "One step", for the order of the phases. The phases live in one file
 each: admission (`admission.py`), the victim loop (`victim_loop.py`), the rescue (`rescue.py`), the
-blocks registered in this step (`step_prefix.py`), forking (`forking.py`).
+blocks registered in this step (`step_prefix.py`), forking (`forking.py`), the tenants' reserved
+shares of the budget (`shares.py`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from .forking import forks_now, make_children, unforked
 from .plan import StepPlan
 from .plugins import PluginManager
 from .rescue import Rescue
+from .shares import Reserves, ReservedAdmission
 from .sequence import FINISHED, RUNNING, FinishReason, Sequence
 from .step_prefix import StepPrefix
 from .victim_loop import VictimLoop
 
 
-class Scheduler(Admission, VictimLoop, Rescue):
+class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
     """Owns the queues (`running`, `waiting`, `swapped`) and the step's decisions."""
 
     def __init__(self, config: EngineConfig, plugins: PluginManager, pool: BlockPool) -> None:
@@ -51,6 +53,8 @@ class Scheduler(Admission, VictimLoop, Rescue):
         self._pulls_left = 0  # admission candidates the scheduler may still pull in this step
         self._offered = False  # this step's plugins asked for something to be served
         self._rescuing = False  # the core serves the oldest request itself (see `Rescue`)
+        self._reserves: Reserves | None = None  # the step's per-tenant reserves (`Split.shares`)
+        self._new_step_refusals()  # the policy's refusals to make room for candidates (`VictimLoop`)
         self.num_decoding = 0
         self.total_preemptions = 0
         self.rescues = 0
@@ -116,6 +120,8 @@ class Scheduler(Admission, VictimLoop, Rescue):
         if (self.waiting or self.swapped) and (self._admit_after_preemption or not plan.preempted):
             self._notify_preempted(plan)  # the victims are back in their queues, in their place
             self._admit(plan, max_chunk)  # admission, select_victim
+        if self._reserves is not None and self._reserves.cut:
+            self._release_reserves(plan, max_chunk)  # admission did not run, or not to the end
         if self._needs_rescue(plan):
             self._rescue(plan)
         self.last_offered = self._offered
@@ -137,6 +143,7 @@ class Scheduler(Admission, VictimLoop, Rescue):
             arrived, self._arrived = self._arrived, []
             self.plugins.hook.on_arrival(ctx=ctx, seqs=arrived)
         self._notified = 0
+        self._new_step_refusals()
         self.prefix.new_step()  # last step's registrations: their KV is written now
         return StepPlan(ctx.step, self.pool.block_size)
 
@@ -161,9 +168,9 @@ class Scheduler(Admission, VictimLoop, Rescue):
             ctx=self.ctx, budget=budget, num_decoding=num_decoding,
             num_prefilling=len(self.running) - num_decoding + len(self.swapped), num_waiting=len(self.waiting),
         )
-        if not isinstance(split, tuple) or len(split) not in (3, 4):
+        if not isinstance(split, tuple) or not 3 <= len(split) <= 5:
             raise self.plugins.invalid("split_budget", f"expected Split(decode, prefill, max_chunk), got {split!r}")
-        decode, prefill, max_chunk, max_prefills = Split(*split)
+        decode, prefill, max_chunk, max_prefills, shares = Split(*split)
         if decode < 0 or prefill < 0 or decode + prefill > budget or max_chunk < 1 or (
             max_prefills is not None and max_prefills < 0
         ):
@@ -173,6 +180,7 @@ class Scheduler(Admission, VictimLoop, Rescue):
                 "(shares and max_prefills must be >= 0 and the shares sum to at most the budget, max_chunk >= 1)",
             )
         plan.set_budget(decode, prefill, budget if max_prefills is None else max_prefills)
+        self._reserves = Reserves(shares, decode, prefill) if shares else None
         return max_chunk
 
     def _serve_running(self, plan: StepPlan, max_chunk: int) -> None:
@@ -180,6 +188,8 @@ class Scheduler(Admission, VictimLoop, Rescue):
         prefill chunk, as far as the shares go."""
         running = list(self.running)
         order = self.plugins.hook.order_running(ctx=self.ctx, running=running)
+        if self._reserves is not None:
+            order = self._reserves.served_first(order, plan)
         members = None if order is running else set(running)  # the list as given needs no check
         scheduled, grow, schedule = plan.scheduled, self._grow, self._schedule
         allocate, ops = self.pool.allocate_slots, plan.block_ops  # `grow` without a call, when blocks are free

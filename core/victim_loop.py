@@ -3,6 +3,13 @@
 `VictimLoop` is a part of `Scheduler` (a mixin: it uses the scheduler's queues, pool, swap space,
 config, hook relay and `StepPrefix`). Every place that lacks a slot or a block goes through one
 loop, `preempt_for`; a victim is a `Preempt` (sequence and mode).
+
+The bound on a step's victim requests for candidates (see `select_victim` in hookspecs): once the
+policy declined to make room for a waiting or swapped candidate that needed `need` blocks, a later
+candidate of the step is offered preemption only when it needs fewer blocks, and after
+`REFUSALS_PER_STEP` refusals none is. (Candidates come most deserving first: a later one that needs
+at least as much room would be declined too.) So under `head_of_line=False` the refusals of a
+step do not grow with the queue; under head-of-line the first refusal ends admission anyway.
 """
 
 from __future__ import annotations
@@ -17,17 +24,34 @@ from .sequence import RUNNING, SWAPPED, WAITING, Sequence
 if TYPE_CHECKING:
     from .plan import StepPlan
 
+REFUSALS_PER_STEP = 4
+"""How many times in one step the policy may decline (`select_victim` answers None) to make room
+for a waiting or swapped candidate's blocks before no later candidate of the step is offered
+preemption."""
+
+NO_REFUSAL = 1 << 62
+
 
 class VictimLoop:
     """Making room: slots and blocks for a requester, by preempting victims."""
 
-    def preempt_for(self, requester: Sequence, reason: str, plan: StepPlan, done: Callable[[], bool]) -> bool:
+    def preempt_for(
+        self, requester: Sequence, reason: str, plan: StepPlan, done: Callable[[], bool], need: int = 0
+    ) -> bool:
         """Until `done()`, ask for a victim for `requester` (`reason`: `"blocks"` or `"slots"`) and
         preempt it. False when there is no victim (a waiting requester stays where it is) or the
-        requester was preempted itself."""
+        requester was preempted itself. `need`: the blocks a candidate (waiting or swapped
+        `requester`) lacks room for; it is not asked for when the step's refusals rule it out
+        (see the module docstring)."""
+        candidate = requester.state is not RUNNING and reason == "blocks" and not self._rescuing
         while not done():
+            if candidate and (need >= self._refused_need or self._refusals >= REFUSALS_PER_STEP):
+                return False
             victim = self._victim(requester, reason)
             if victim is None:
+                if candidate:
+                    self._refusals += 1
+                    self._refused_need = min(self._refused_need, need)
                 return False
             self._preempt(victim, plan)
             if victim.seq is requester:
@@ -46,7 +70,7 @@ class VictimLoop:
         so (fcfs never does for a waiting request: then it is blocked)."""
         pool = self.pool
         need = -(-len(seq.token_ids) // pool.block_size) - len(seq.block_table)
-        return self.preempt_for(seq, "blocks", plan, lambda: need <= pool.num_free_blocks())
+        return self.preempt_for(seq, "blocks", plan, lambda: need <= pool.num_free_blocks(), need)
 
     def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
         """Give `seq` the blocks for `n` more tokens, preempting victims while blocks are missing.
@@ -55,7 +79,15 @@ class VictimLoop:
         allocate, ops = self.pool.allocate_slots, plan.block_ops
         if allocate(seq.block_table, seq.num_computed_tokens, n, ops):
             return True
-        return self.preempt_for(seq, "blocks", plan, lambda: allocate(seq.block_table, seq.num_computed_tokens, n, ops))
+        need = -(-(seq.num_computed_tokens + n) // self.pool.block_size) - len(seq.block_table)
+        return self.preempt_for(
+            seq, "blocks", plan, lambda: allocate(seq.block_table, seq.num_computed_tokens, n, ops), need
+        )
+
+    def _new_step_refusals(self) -> None:
+        """Forget the refusals of the last step (called as a step starts)."""
+        self._refusals = 0
+        self._refused_need = NO_REFUSAL
 
     def _victim(self, requester: Sequence, reason: str) -> Preempt | None:
         """Ask `select_victim`; None means the (waiting) requester stays where it is. A protected

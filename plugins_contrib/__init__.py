@@ -11,6 +11,10 @@
   interactive decodes are served first within a reserved share of the budget, interactive
   requests are admitted first and never preempted while a batch request runs; wrappers, so it
   stacks on any policy. `--policy fcfs --plugin slo_classes`
+- `tenant_shares` (`TenantShares`): a reserved share of every step's decode and prefill tokens
+  per tenant (`Split.shares`), served first, what a tenant leaves unused going to the others;
+  a `split_budget` wrapper, so it stacks on any policy.
+  `--policy fcfs --plugin tenant_shares`
 
 Each is registered by name in `metroline.core.plugins.SHIPPED`; options go in the config file's
 `[plugin_options.NAME]` table and are declared by each class's `Options` model (`metroline

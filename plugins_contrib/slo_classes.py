@@ -130,14 +130,15 @@ class SLOClasses:
         split = yield
         if split is None or not self.interactive_running:
             return split
-        decode, prefill, max_chunk, max_prefills = Split(*split)
+        split = Split(*split)
+        decode, prefill = split.decode, split.prefill
         reserve = math.ceil(self.interactive_decode_share * budget)
         if decode >= reserve:
             return split
         want = min(reserve, sum(1 for s in self.interactive_running if s.is_decoding))
         if decode >= want:
             return split
-        return Split(want, min(prefill, budget - want), max_chunk, max_prefills)
+        return split._replace(decode=want, prefill=min(prefill, budget - want))
 
     @hookimpl(wrapper=True)
     def order_running(self) -> Generator[None, Any, Iterable[Sequence] | None]:
