@@ -131,7 +131,8 @@ def test_quiet_batch_admits_batch_only_while_half_the_pool_is_free(guide, on_pat
     assert batch_steps and batch_steps <= roomy_steps
     assert roomy_steps != set(range(1, doc["summary"]["steps"] + 1))  # the pool was busy at times
     with pytest.raises(PluginLoadError, match="quiet_batch"):  # an unknown option names the plugin
-        Engine(EngineConfig(policy="fcfs", plugins=["quiet_batch:QuietBatch"], plugin_options={"quiet_batch": {"tenat": "x"}}))
+        options = {"quiet_batch": {"tenat": "x"}}
+        Engine(EngineConfig(policy="fcfs", plugins=["quiet_batch:QuietBatch"], plugin_options=options))
 
 
 # --- a platform plugin, packaged -----------------------------------------------------------------
@@ -149,13 +150,15 @@ def test_the_package_declares_its_entry_point_in_metrolines_group():
 def test_the_installed_plugin_is_found_by_its_entry_point(guide):
     assert command("pip install", "acme-tenants") == "pip install -e ./acme-tenants"  # stood in for by the fixture
     out = shell(guide, command("plugins", "acme_tenants"))
-    assert re.search(r"acme_tenants\s+admission, on_admitted, on_arrival, on_finished, on_preempted, select_victim", out)
+    hooks = "admission, on_admitted, on_arrival, on_finished, on_preempted, select_victim"
+    assert re.search(rf"acme_tenants\s+{hooks}", out)
     assert "entry points: acme_tenants (acme_tenants.plugin:AcmeTenants)" in out
     assert "cap_share (float > 0, <= 1, default 0.25): the share of max_num_seqs it may hold" in out
 
 
 def test_a_bad_option_of_the_packaged_plugin_names_plugin_and_option(guide, on_path):
-    bad = EngineConfig(policy="fcfs", plugins=["acme_tenants:AcmeTenants"], plugin_options={"acme_tenants": {"cap_share": 2}})
+    options = {"acme_tenants": {"cap_share": 2}}
+    bad = EngineConfig(policy="fcfs", plugins=["acme_tenants:AcmeTenants"], plugin_options=options)
     with pytest.raises(PluginLoadError, match="plugin 'acme_tenants': option 'cap_share': "):
         Engine(bad)
 
@@ -303,7 +306,8 @@ def test_my_fcfs_schedules_exactly_as_fcfs(on_path):
     spec = SyntheticSpec(num_requests=300, rate=200.0, prompt_len={"dist": "uniform", "low": 8, "high": 600},
                          output_len={"dist": "uniform", "low": 1, "high": 200}, seed=5)
     workload = Workload("w", generate(spec), "", {})
-    docs = [simulate(workload, EngineConfig(policy=p, max_num_seqs=16, num_blocks=200)) for p in ("fcfs", "my_fcfs:MyFCFS")]
+    docs = [simulate(workload, EngineConfig(policy=p, max_num_seqs=16, num_blocks=200))
+            for p in ("fcfs", "my_fcfs:MyFCFS")]
     assert docs[0]["summary"]["preemptions"] > 0
     for d in docs:
         d["summary"].pop("wall_s")
@@ -324,7 +328,8 @@ def test_one_long_prompt_prefills_alone(on_path):
             peaks.append(sum(s.num_prompt_tokens >= 1024 and not s.is_decoding for s in ctx.running))
 
     config = dict(max_num_seqs=16, num_blocks=2048, max_prefill_chunk=256)
-    doc = simulate(workload, EngineConfig(policy="fcfs", plugins=["one_long_prompt:OneLongPrompt"], **config), [Watch()])
+    stacked = EngineConfig(policy="fcfs", plugins=["one_long_prompt:OneLongPrompt"], **config)
+    doc = simulate(workload, stacked, [Watch()])
     assert doc["summary"]["completed"] == 200
     assert max(peaks) == 1
     peaks.clear()
@@ -435,7 +440,10 @@ def test_the_reference_build_command_is_the_one_ci_runs():
     assert {r.split(">")[0] for r in extras["docs"]} <= {r.split(">")[0] for r in extras["test"]}
 
 
-SNIPPETS = {"python": ["recorder = Recorder()", "BadVictim\")", "suite's tenants\")"], "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"]}
+SNIPPETS = {
+    "python": ["recorder = Recorder()", "BadVictim\")", "suite's tenants\")"],
+    "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"],
+}
 COMMANDS = [
     ("quiet_batch:QuietBatch",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
     ("compare", "acme_tenants"), ("hrrn:HRRN", "compare"), ("las.json",), ("las-roofline.json",), ("lengths:",),
@@ -464,7 +472,8 @@ def test_the_package_really_installs(guide, tmp_path):
     isolation) and installs it; `metroline plugins` then finds it by its entry point alone."""
     target = tmp_path / "installed"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(guide / "acme-tenants")],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+         str(guide / "acme-tenants")],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
