@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--policies", default=",".join(POLICIES),
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
                          f"(default: {','.join(POLICIES)})")
+    compare.add_argument("--seeds", type=int, metavar="K",
+                         help="run every policy on K draws of the workload (seeds --seed, --seed + 1, ...; "
+                         "a trace is resampled, see --resample) and print each metric's mean with its 95%% "
+                         "interval and each policy's paired difference from the baseline with a verdict (default: one run "
+                         "of the workload, no intervals)")
+    compare.add_argument("--baseline", metavar="NAME",
+                         help="with --seeds: the policy the others are compared with (default: the first of --policies)")
     compare.add_argument("--jobs", type=int, metavar="N",
                          help="worker processes running the policies in parallel (default: one per core; "
                          "1 runs them one by one here); the results do not depend on it")

@@ -196,11 +196,22 @@ class RunOptions(BaseModel):
     oracle_lengths: bool = False
     traces_dir: str | None = None
     window: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    warmup: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    horizon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    resample: str = "redraw"  # how a trace is redrawn for a seed (core/resample.py)
     # a real executor's (`--executor torch`)
     model: str | None = None
     dtype: str | None = None
     device: str | None = None
     kv_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @field_validator("resample")
+    @classmethod
+    def _resample_method(cls, text: str) -> str:
+        from .resample import parse_method
+
+        parse_method(text)
+        return text
 
     @field_validator("cost_params")
     @classmethod

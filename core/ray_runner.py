@@ -1,7 +1,7 @@
 """Several runs as tasks of a Ray cluster (`--ray [ADDRESS]`; `pip install 'metroline[ray]'`).
 
 Each run is one Ray task of one CPU that replays its workload on a new engine and a new executor,
-exactly as a worker of the local process pool does (`runner.run_remote`), so a result document
+exactly as a worker of the local process pool does (`parallel.run_remote`), so a result document
 equals the one a local run gives except `wall_s`. A workload shared by several runs goes to the
 object store once. Ray is imported only here, and only when asked for.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .progress import ProgressBoard
-from .runner import collect_outcomes, run_remote
+from .parallel import collect_outcomes, run_remote
 from .workloads import Workload
 
 
@@ -40,7 +40,7 @@ def run_on_ray(
     address: str = "",
     progress: bool | None = False,
 ) -> list[tuple[dict[str, Any], Any]]:
-    """`runner.run_many` on Ray: `(document, extract(engine, document))` per run, in the order of
+    """`parallel.run_many` on Ray: `(document, extract(engine, document))` per run, in the order of
     `runs`; `options` are `run_workload`'s. The progress board marks each run done as it ends."""
     ray = connect(address)
     task = ray.remote(num_cpus=1, max_retries=0)(run_remote)

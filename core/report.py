@@ -63,6 +63,7 @@ HEADLINE = (
     ("requests", "requests", _int),
     ("completed", "completed", _int),
     ("rejected", "rejected", _int),
+    ("unfinished", "unfinished", _int),
     ("steps", "steps", _int),
     ("duration (s)", "duration_s", lambda v: _float(v, 3)),
     ("wall (s)", "wall_s", lambda v: _float(v, 3)),
@@ -78,6 +79,8 @@ HEADLINE = (
     ("prefill share", "prefill_token_share", _pct),
     ("zero-decode steps", "zero_decode_steps", _int),
 )
+ONLY_WHEN_PRESENT = frozenset({"unfinished"})
+"""Headline keys shown only when a summary has them (`unfinished`: a run with a `--horizon`)."""
 
 
 def _title(doc: dict) -> str:
@@ -162,7 +165,7 @@ def _summary_parts(doc: dict) -> list[Any]:
     headline = _table("", "", "", "", "", header=False, labels=(0, 2, 3), gap=0)
     for column, width in zip(headline.columns, (20, 12, 4, 20, 12)):
         column.min_width = width
-    cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE]
+    cells = [(label, fmt(s.get(key))) for label, key, fmt in HEADLINE if key in s or key not in ONLY_WHEN_PRESENT]
     for i in range(0, len(cells), 2):
         (a, x), *rest = cells[i:i + 2]
         headline.add_row(a, x, "", *(rest[0] if rest else ("", "")))
@@ -260,6 +263,8 @@ def _comparison_table(docs: list[dict]) -> Any:
     if any(labels := [cost_model_label(d.get("executor")) for d in docs]):
         rows.append(("cost model", [label or "-" for label in labels]))
     for label, key, fmt in HEADLINE:
+        if key in ONLY_WHEN_PRESENT and not any(key in d["summary"] for d in docs):
+            continue
         rows.append((label, [fmt(d["summary"].get(key)) for d in docs]))
     for label, key in LATENCY_ROWS:
         for f in COMPARISON_FIELDS:

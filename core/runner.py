@@ -1,10 +1,10 @@
-"""Replaying a workload through an engine: arrivals on the engine's clock, then the result document."""
+"""Replaying a workload through an engine: arrivals on the engine's clock, then the result document.
+(Several replays in parallel: `core/parallel.py`.)"""
 
 from __future__ import annotations
 
 import gc
-import multiprocessing
-import os
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from .config import EngineConfig
 from .engine import Engine
-from .errors import NoProgressError, PluginError, RequestRefused
+from .errors import RequestRefused
+from .horizon import MeasurementWindow, measured_summaries
 from .metrics import result_document
-from .progress import ProgressBar, ProgressBoard
+from .progress import ProgressBar
 from .workloads import Workload
 
 
@@ -34,21 +35,29 @@ def run_workload(
     vocab_size: int = 32000,
     progress: Any = False,
     window_s: float = 60.0,
+    measure: MeasurementWindow | None = None,
 ) -> tuple[dict[str, Any], Engine]:
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
     `metrics.result_document`) and the engine. `progress`: as `replay`'s. `oracle_lengths` tells policies each request's
-    true output length (`expected_output_tokens`); the result says so in its `workload` field."""
+    true output length (`expected_output_tokens`); the result says so in its `workload` field.
+    `measure`: a warm-up and horizon (`core/horizon.py`); the replay stops at the horizon."""
     engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
-    wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress)
-    return result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s), engine
+    until = measure.stop_s if measure is not None else math.inf
+    wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress,
+                    until_s=until)
+    doc = result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s, measure=measure)
+    return doc, engine
 
 
 def result_of(
-    engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False, window_s: float = 60.0
+    engine: Engine, workload: Workload, wall_s: float, *, oracle_lengths: bool = False, window_s: float = 60.0,
+    measure: MeasurementWindow | None = None,
 ) -> dict[str, Any]:
     """The result document of a finished replay; fairness over windows of `window_s` seconds,
     weighted by the service weights of a plugin that has them (`service_weights`, as
-    `weighted_fair`), else unweighted."""
+    `weighted_fair`), else unweighted. With an active `measure`, the summaries (whole run, per
+    tenant, per priority) are those of its window (`horizon.window_summary`, which adds
+    `unfinished`), and the document gets a `measurement` entry; fairness stays over the run."""
     config = engine.config
     plugins = engine.plugins
     service_weights = next(
@@ -57,7 +66,7 @@ def result_of(
     workload_info = workload.describe()
     if oracle_lengths:
         workload_info["oracle_lengths"] = True
-    return result_document(
+    doc = result_document(
         "+".join([config.policy, *config.plugins]),
         workload_info,
         engine.executor.describe(),
@@ -68,6 +77,9 @@ def result_of(
         window_s=window_s,
         service_weights=service_weights,
     )
+    if measure is not None and measure.active:
+        measured_summaries(doc, engine, [it.arrival_s for it in workload.items], measure, wall_s)
+    return doc
 
 
 def replay(
@@ -78,12 +90,16 @@ def replay(
     vocab_size: int = 32000,
     progress: Any = False,
     max_idle_steps: int = 1000,
+    until_s: float = math.inf,
 ) -> float:
     """Submit each request of `workload` when the engine's clock reaches its arrival and step
     until all have ended; returns the wall time it took.
 
     `progress`: a progress bar on stderr (True; None: when stderr is a terminal), or an object
     with `update(requests_done)` and `close()` methods.
+
+    `until_s`: stop once the clock reaches it; requests arriving from then on are not submitted,
+    those submitted stay where they are (see `horizon.unfinished_records`).
 
     Requests that fail validation are recorded as rejected and the replay goes on. Raises
     `NoProgressError` when the plugins schedule nothing for `max_idle_steps` steps while requests
@@ -101,7 +117,8 @@ def replay(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps)
+        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps,
+                            until_s)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -111,14 +128,14 @@ def replay(
 
 def _replay_loop(
     engine: Engine, items: list, total: int, step: Callable[[], None], update: Callable[[int], None] | None,
-    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int,
+    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int, until_s: float = math.inf,
 ) -> float:
     executor = engine.executor
     i, idle, gc_countdown = 0, 0, GC_EVERY_STEPS
     wall = time.perf_counter()
     while True:
         now = executor.now()
-        while i < total and items[i].arrival_s <= now:
+        while i < total and items[i].arrival_s <= now and items[i].arrival_s < until_s:
             item = items[i]
             problem = engine.length_problem(item.prompt_len, item.output_len)
             if problem is not None:  # refused before its prompt is made
@@ -132,6 +149,8 @@ def _replay_loop(
             except (ValidationError, RequestRefused) as exc:
                 engine.reject(data, exc)
             i += 1
+        if now >= until_s:
+            break
         if not engine.has_unfinished():
             if i == total:
                 break
@@ -154,146 +173,3 @@ def _replay_loop(
         if update is not None:
             update(len(records))
     return time.perf_counter() - wall
-
-
-# ----------------------------------------------------------------------------------------------
-# Several runs of one workload, in parallel worker processes
-
-_JOB: dict[str, Any] = {}  # what forked workers inherit: the workload, the configs, the options
-
-
-def default_jobs() -> int:
-    """One worker per core this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def run_workloads(
-    workload: Workload, configs: list[EngineConfig], make_executor: Callable[[], Any], **options: Any
-) -> list[dict[str, Any]]:
-    """Replay `workload` once per config (each on a new engine and a new executor from
-    `make_executor()`) and return the result documents in the order of `configs`.
-
-    `options` are `run_many`'s (but `extract`): `jobs` worker processes (default: one per core)
-    run them in parallel. Each worker is a fork of this process, so it replays the very workload
-    object built here, with the same interpreter state (hash seed included), and a document equals
-    the one a run in this process gives, except `wall_s` (the host's time, which no two runs
-    share). `jobs=1` runs them here, one by one. `progress` shows one line with each run's share
-    done, labelled by `labels` (default: the policies)."""
-    return [doc for doc, _ in run_many([(workload, c) for c in configs], make_executor, **options)]
-
-
-def run_many(
-    runs: list[tuple[Workload, EngineConfig]],
-    make_executor: Callable[[], Any],
-    *,
-    extract: Callable[[Engine, dict[str, Any]], Any] | None = None,
-    jobs: int | None = None,
-    labels: list[str] | None = None,
-    oracle_lengths: bool = False,
-    progress: bool | None = False,
-    window_s: float = 60.0,
-    vocab_size: int | None = None,
-    ray: str | None = None,
-) -> list[tuple[dict[str, Any], Any]]:
-    """`run_workloads` for runs that may each replay their own workload (a load sweep replays one
-    workload at several rates): `(document, extract(engine, document))` per run, in the order of
-    `runs` (`None` for the second without `extract`). `extract` runs where the run ran (in its
-    worker), so what it returns, not the engine, crosses back: keep it small and picklable.
-    `ray`: run them as tasks of a Ray cluster instead (its address; "" for a local one or the
-    one `RAY_ADDRESS` names; see `ray_runner.run_on_ray`), `jobs` then unused."""
-    if jobs is not None and jobs < 1:
-        raise ValueError(f"jobs: must be at least 1, got {jobs}")
-    labels = labels or ["+".join([c.policy, *c.plugins]) for _, c in runs]
-    jobs = min(jobs or default_jobs(), len(runs))
-    options: dict[str, Any] = dict(oracle_lengths=oracle_lengths, window_s=window_s)
-    if vocab_size is not None:
-        options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
-    if ray is not None:
-        from .ray_runner import run_on_ray
-
-        return run_on_ray(runs, make_executor, labels, options, extract=extract, address=ray, progress=progress)
-    total = max((len(w.items) for w, _ in runs), default=0)
-    if jobs <= 1:
-        results = []
-        for label, (workload, config) in zip(labels, runs):
-            bar = ProgressBar(len(workload.items), enabled=progress, label=label)
-            doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
-            results.append((doc, extract(engine, doc) if extract is not None else None))
-            engine.close()
-        return results
-    board = ProgressBoard(labels, total, enabled=progress)
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.SimpleQueue() if board.enabled else None
-    _JOB.update(runs=runs, make_executor=make_executor, options=options, queue=queue, extract=extract)
-    try:
-        with ctx.Pool(jobs) as pool:
-            pending = pool.map_async(_run_job, range(len(runs)), chunksize=1)
-            while not pending.ready():
-                pending.wait(0.1)
-                while queue is not None and not queue.empty():
-                    board.update(*queue.get())
-            outcomes = pending.get()
-    finally:
-        _JOB.clear()
-        board.close()
-    return collect_outcomes(labels, outcomes)
-
-
-def collect_outcomes(labels: list[str], outcomes: list[tuple[Any, Any, str | None]]) -> list[tuple[Any, Any]]:
-    """`(document, extracted)` per run from the workers' `run_remote` outcomes, in order; the first
-    run that failed raises ValueError naming its label."""
-    for label, (_, _, error) in zip(labels, outcomes):
-        if error is not None:
-            raise ValueError(f"{label}: {error}")
-    return [(doc, extracted) for doc, extracted, _ in outcomes]
-
-
-def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
-    """One run in a forked worker (what `_JOB` holds), as `run_remote`."""
-    job = _JOB
-    queue = job["queue"]
-    bar = _QueuedProgress(index, queue) if queue is not None else False
-    workload, config = job["runs"][index]
-    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar)
-
-
-def run_remote(
-    workload: Workload, config: EngineConfig, make_executor: Callable[[], Any], options: dict[str, Any],
-    extract: Callable[[Engine, dict[str, Any]], Any] | None, progress: Any = False,
-) -> tuple[dict[str, Any] | None, Any, str | None]:
-    """One run away from the command's process: (document, extracted, None), or (None, None, the
-    error's message) for the errors the command reports as such (the exception itself may not
-    survive pickling)."""
-    try:
-        doc, engine = run_workload(workload, config, make_executor(), progress=progress, **options)
-        extracted = extract(engine, doc) if extract is not None else None
-    except (ValidationError, ValueError, PluginError, NoProgressError, OSError) as exc:
-        return None, None, f"{type(exc).__name__}: {exc}"
-    return doc, extracted, None
-
-
-class _QueuedProgress:
-    """A worker's progress: `(run index, done)` on the parent's queue, at most ~10 times a second."""
-
-    __slots__ = ("index", "queue", "_countdown", "_last")
-
-    def __init__(self, index: int, queue: Any) -> None:
-        self.index, self.queue = index, queue
-        self._countdown = 256
-        self._last = 0.0
-
-    def update(self, done: int) -> None:
-        self._countdown -= 1
-        if self._countdown > 0:
-            return
-        self._countdown = 256
-        now = time.monotonic()
-        if now - self._last >= 0.1:
-            self._last = now
-            self.queue.put((self.index, done))
-
-    def close(self) -> None:
-        self.queue.put((self.index, None))

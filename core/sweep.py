@@ -21,7 +21,7 @@ from typing import Any
 
 from .config import EngineConfig
 from .run_series import RunSeries, series_of
-from .runner import run_many
+from .parallel import run_many
 from .slo import ATTAINMENT_TARGET, evaluate
 from .workloads import Workload, scale_items
 

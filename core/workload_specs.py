@@ -6,6 +6,7 @@ into requests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -161,6 +162,15 @@ def _validation_lines(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
         lines.append(f"  {loc}: {e['msg']}")
     return "\n".join(lines)
+
+
+def spec_namespace(spec: SyntheticSpec) -> str:
+    """The namespace of a spec's requests (`generate`): a digest of its content, so a spec file's
+    workload does not depend on the file's name, and two files with the same content give the
+    same workload. The seed (already in every stream's key) and `num_requests` are left out, so
+    the first k requests of a spec are those of the same spec cut to k requests."""
+    content = json.dumps(spec.model_dump(mode="json", exclude={"seed", "num_requests"}), sort_keys=True)
+    return "spec-" + hashlib.blake2b(content.encode(), digest_size=8).hexdigest()
 
 
 def load_spec(path: str | Path) -> SyntheticSpec:

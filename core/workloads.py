@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from . import text_requests
+from .resample import parse_method, resample as draw
 from .token_streams import segment_tokens
 from .traces import find_traces_dir, load_azure, load_mooncake, load_trace
 from .workload_generators import (
     BUILTIN_WORKLOADS, SYNTHETIC_BUILTINS, TRACE_FILES, builtin_items, generate, list_workloads,
 )
 from .workload_items import MAX_ITEM_TOKENS, MAX_REQUESTS, Workload, WorkloadError, WorkloadItem
-from .workload_specs import FixedLength, LengthDist, LognormalLength, SyntheticSpec, UniformLength, load_spec
+from .workload_specs import (
+    FixedLength, LengthDist, LognormalLength, SyntheticSpec, UniformLength, load_spec, spec_namespace,
+)
 
 __all__ = [
     "BUILTIN_WORKLOADS", "MAX_ITEM_TOKENS", "MAX_REQUESTS", "FixedLength", "LengthDist", "LognormalLength",
@@ -77,15 +80,21 @@ def build_workload(
     groups: int | None = None,
     traces_dir: str | Path | None = None,
     tokenizer: Any = None,
+    resample: str = "redraw",
 ) -> Workload:
     """Build a workload from a built-in name (see `BUILTIN_WORKLOADS`) or a file path.
 
     Files: `.csv` (Azure trace), `.jsonl` (Mooncake trace, or a request file with prompts: see
     `core/text_requests.py`; its text prompts need `tokenizer`), `.toml` / `.json` (a `SyntheticSpec`).
     `seed` drives the synthetic built-ins (default 0); for a spec file, a seed given here
-    overrides the file's. `groups` is for `mixed-64` only. Then, for any source: the first
-    `max_requests` by arrival are kept and `rate_scale` / `length_scale` applied (`scale_items`).
+    overrides the file's (None: the file's own). A spec file's requests depend on its content, not
+    on its name (`spec_namespace`). A trace is replayed as recorded when `seed` is None, and
+    resampled with `seed` otherwise, by the method `resample` ("redraw" or "window:SECONDS", see
+    `core/resample.py`). The seed used is in `params["seed"]` (absent for a trace as recorded).
+    `groups` is for `mixed-64` only. Then, for any source: the first `max_requests` by arrival are
+    kept and `rate_scale` / `length_scale` applied (`scale_items`).
     """
+    method, window_s = parse_method(resample)
     if not (isinstance(rate_scale, (int, float)) and math.isfinite(rate_scale) and rate_scale > 0):
         raise WorkloadError(f"rate_scale must be a number > 0, got {rate_scale!r}")
     if not (isinstance(length_scale, (int, float)) and math.isfinite(length_scale) and length_scale > 0):
@@ -98,6 +107,7 @@ def build_workload(
         raise WorkloadError(f"groups must be in [1, {MAX_REQUESTS // 64}] (64 requests each), got {groups}")
 
     params: dict[str, Any] = {"source": source}
+    is_trace = False
     if source in SYNTHETIC_BUILTINS:
         name, description, seed = source, BUILTIN_WORKLOADS[source], seed or 0
         params["seed"] = seed
@@ -111,6 +121,7 @@ def build_workload(
         path = find_traces_dir(traces_dir) / TRACE_FILES[source]
         params["path"] = str(path)
         items = load_trace(path)
+        is_trace = True
     else:
         path = Path(source)
         suffix = path.suffix.lower()
@@ -131,15 +142,21 @@ def build_workload(
             if seed is not None:
                 spec = spec.model_copy(update={"seed": seed})
             description = f"synthetic workload from {path.name}"
+            params["seed"] = spec.seed
             params["spec"] = spec.model_dump(mode="json")
+            namespace = spec_namespace(spec)
             if max_requests is not None and max_requests < spec.num_requests:
                 # arrivals only grow and each attribute has its own stream: the first k requests
                 # of a spec are those of the same spec with k requests, so make no more
                 spec = spec.model_copy(update={"num_requests": max_requests})
-            items = generate(spec, namespace=name)
+            items = generate(spec, namespace=namespace)
         else:
             description = f"trace {path.name}"
             items = load_trace(path)
+            is_trace = True
+    if is_trace and seed is not None:
+        params.update(seed=seed, resample=resample)
+        items = draw(items, seed, method, window_s)
 
     items = sorted(items, key=lambda it: it.arrival_s)
     if max_requests is not None:

@@ -14,7 +14,7 @@ from metroline import cli  # noqa: E402
 from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.replay_check import without_wall_clock  # noqa: E402
 from metroline.core.run_series import series_of  # noqa: E402
-from metroline.core.runner import run_many  # noqa: E402
+from metroline.core.parallel import run_many  # noqa: E402
 from metroline.core.workloads import build_workload  # noqa: E402
 from metroline.executors.registry import make_executor  # noqa: E402
 

@@ -7,7 +7,10 @@ from typing import Any
 
 from .flags import COMPARE_REFUSED
 from .logs import log_to_stderr
-from .options import check_output_paths, fit_config, make_executor, make_workload, resolve_options, user_fields
+from .options import (
+    check_output_paths, fit_config, make_executor, make_workload, measurement, resolve_options, user_fields,
+    workload_seed,
+)
 from .outputs import check_report_folder, manifest_for, warn
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
@@ -56,13 +59,42 @@ def refuse_run_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"--{key.replace('_', '-')}: {why}")
 
 
+def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[int], list[Any]]:
+    """The K workload draws of `compare --seeds K`: seeds `seed`, `seed` + 1, ... (`seed` None: the
+    workload's own seed, a spec file's or 0), each a synthetic workload drawn with its seed or a
+    trace resampled with it."""
+    first = make_workload(run, seed)
+    if seed is None:
+        seed = first.params.get("seed")
+        if seed is None:  # a trace as recorded: its draws are resamples 0, 1, ...
+            seed, first = 0, make_workload(run, 0)
+    seeds = [seed + i for i in range(k)]
+    return seeds, [first, *(make_workload(run, s) for s in seeds[1:])]
+
+
+def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
+    """The baseline of `--seeds` (`--baseline`, default the first policy), after checking the flags."""
+    if args.seeds is not None and args.seeds < 2:
+        raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
+    if args.baseline is not None and args.seeds is None:
+        raise ValueError("--baseline: applies with --seeds only")
+    baseline = labels[0] if args.baseline is None else args.baseline
+    if baseline not in labels:
+        raise ValueError(f"--baseline: {baseline!r} is not one of --policies ({', '.join(labels)})")
+    if len(set(labels)) < len(labels) and args.seeds is not None:
+        raise ValueError("--policies: a policy listed twice cannot be told apart in a comparison over seeds")
+    return baseline
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run each policy of `--policies` on one workload (in parallel workers); print the comparison,
-    and warn when the load is too light or too heavy for the policies to differ."""
+    and warn when the load is too light or too heavy for the policies to differ. With `--seeds K`,
+    on K draws of the workload, and print the paired comparison (`core/paired.py`)."""
     from .. import report, result_files
     from ..load_check import check
+    from ..paired import format_paired_table, paired_comparison, report_documents
+    from ..parallel import run_many
     from ..run_series import series_of
-    from ..runner import run_many
     from ..slo import evaluate, parse_slo
 
     refuse_run_flags(args)
@@ -73,10 +105,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_output_paths(args)
     check_report_folder(args)
     bounds = parse_slo(args.slo) if args.slo else None
-    workload = make_workload(run, config.seed)
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
     labels, configs = policy_configs(args.policies, config)
+    baseline = _check_seed_flags(args, labels)
+    if args.seeds is None:
+        seeds, workloads = None, [make_workload(run, workload_seed(config))]
+    else:
+        seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
+    workload = workloads[0]
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
     jobs, extra = args.jobs, {"ray": args.ray}
     if getattr(executor, "kv_bytes_per_token", None):
@@ -88,23 +125,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if close is not None:
         close()
     manifest = manifest_for(args, config, run, workload, configs)
+    if seeds is not None:
+        manifest["seeds"]["workload"] = seeds
+    run_labels = labels if seeds is None else [f"{label}#{s}" for s in seeds for label in labels]
     results = run_many(
-        [(workload, c) for c in configs], lambda: make_executor(run), extract=series_of, jobs=jobs, labels=labels,
-        oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
-        **extra,
+        [(w, c) for w in workloads for c in configs], lambda: make_executor(run), extract=series_of, jobs=jobs,
+        labels=run_labels, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
+        window_s=run.get("window", 60.0), measure=measurement(run), **extra,
     )
     docs, series = [doc for doc, _ in results], [s for _, s in results]
     if bounds:
         for doc, s in zip(docs, series):
             doc["slo"] = evaluate(s.records, bounds, doc["summary"]["duration_s"])
-    report.print_comparison_table(docs)
-    load = check([s.load for s in series], labels)
+    n = len(labels)
+    if seeds is None:
+        report.print_comparison_table(docs)
+    load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
+    if seeds is not None:
+        by_policy = {label: docs[c::n] for c, label in enumerate(labels)}
+        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline)
+        print(format_paired_table(comparison), end="")
     if args.json:
         result_files.write_json(args.json, result)
     if args.report:
         from ..ab_report import write_compare_report
 
-        print(f"report: {write_compare_report(args.report, result, labels, series) / 'report.html'}")
+        shown = result if seeds is None else {**result, "runs": report_documents(result["comparison"], docs[:n])}
+        print(f"report: {write_compare_report(args.report, shown, labels, series[:n]) / 'report.html'}")
     return 0

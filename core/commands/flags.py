@@ -104,6 +104,14 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="folder of the trace files (default: $METROLINE_TRACES, else ../shared/traces)")
     p.add_argument("--window", type=float, metavar="S",
                    help=f"seconds per fairness window: whole-run totals hide unfairness {_default('window')}")
+    p.add_argument("--warmup", type=float, metavar="S",
+                   help="leave out of the figures the requests arriving in the first S seconds (default 0)")
+    p.add_argument("--horizon", type=float, metavar="S",
+                   help="stop at S seconds; requests unfinished then are counted, their latencies "
+                   "censored at S: no survivor bias (default: the end of the run)")
+    p.add_argument("--resample", metavar="METHOD",
+                   help="how a trace is redrawn for a seed: redraw (default: rows and arrival gaps "
+                   "drawn with replacement) or window:S (a random S-second stretch); see core/resample.py")
     p.add_argument("--json", metavar="PATH", help="write the result document (default: none)")
     _refused_or(p, compare, "--requests-csv", metavar="PATH", help="write one row per request (default: none)")
     _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step (default: none)")

@@ -14,7 +14,7 @@ from ..config import ConfigError
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
     "max_requests", "groups", "oracle_lengths", "traces_dir", "window", "model", "dtype", "device",
-    "kv_memory_gb",
+    "kv_memory_gb", "warmup", "horizon", "resample",
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
@@ -198,12 +198,30 @@ def prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     return config, run, executor
 
 
-def make_workload(run: dict[str, Any], seed: int, tokenizer: Any = None) -> Any:
-    """The workload the run options name (default: the chat built-in), built with `seed`."""
+def workload_seed(config: Any) -> int | None:
+    """The seed the user gave (`--seed`, or `seed` in the config file), None when none was: then a
+    spec file keeps its own seed and a trace is replayed as recorded."""
+    return config.seed if "seed" in config.model_fields_set else None
+
+
+def make_workload(run: dict[str, Any], seed: int | None, tokenizer: Any = None) -> Any:
+    """The workload the run options name (default: the chat built-in), built with `seed` (see
+    `workload_seed`; a trace is resampled by the `resample` option when a seed is given)."""
     from ..workloads import build_workload
 
     return build_workload(
         run.get("workload", "chat"), seed=seed, rate_scale=run.get("rate_scale", 1.0),
         length_scale=run.get("length_scale", 1.0), max_requests=run.get("max_requests"),
         groups=run.get("groups"), traces_dir=run.get("traces_dir"), tokenizer=tokenizer,
+        resample=run.get("resample", "redraw"),
     )
+
+
+def measurement(run: dict[str, Any]) -> Any:
+    """The measurement window of the `warmup` and `horizon` run options (None when neither is set)."""
+    from ..horizon import MeasurementWindow
+
+    warmup, horizon = run.get("warmup") or 0.0, run.get("horizon")
+    if not warmup and horizon is None:
+        return None
+    return MeasurementWindow(warmup, horizon)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .logs import log_to_stderr
-from .options import check_output_paths, make_workload, prepare
+from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
 from .outputs import check_report_folder, manifest_for
 
 
@@ -19,7 +19,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log_to_stderr()
     check_output_paths(args)
     check_report_folder(args)
-    workload = make_workload(run, config.seed, getattr(executor, "tokenizer", None))
+    workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
     writer = None
@@ -31,7 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         doc, engine = run_workload(
             workload, config, executor, plugins=[writer] if writer else None,
             oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
-            **({"vocab_size": vocab} if vocab else {}),
+            measure=measurement(run), **({"vocab_size": vocab} if vocab else {}),
         )
     finally:
         if writer is not None:
