@@ -241,6 +241,7 @@ class Engine(Intake):
             plan, time, time - start, len(s.running), len(s.waiting), len(s.swapped),
             s.num_decoding, pool.num_free_blocks(), pool.num_cached_blocks(), pool.num_used_blocks(),
         )
+        self.metrics.record_running(plan, s.running)
 
     def stream(self, max_idle_steps: int = 1000) -> Iterator[RequestOutput]:
         """Step until every request has ended, yielding outputs as they come.

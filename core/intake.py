@@ -64,6 +64,7 @@ class Intake:
             if reason is not None:
                 raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
         self._arrivals += 1
+        self.metrics.note_tenant(seq.tenant)
         self._requests[req.request_id] = [seq]
         if arrival > now:
             heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))

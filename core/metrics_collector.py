@@ -10,8 +10,10 @@ Times are seconds on the engine's clock (virtual in the simulator, wall clock on
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import Enum
-from typing import NamedTuple
+from operator import attrgetter
+from typing import Collection, NamedTuple
 
 from .plan import StepPlan
 from .sequence import FinishReason, Sequence
@@ -35,6 +37,9 @@ DECODING = 10
 FREE_BLOCKS = 11
 CACHED_BLOCKS = 12
 USED_BLOCKS = 13
+
+
+_tenant_of = attrgetter("tenant")
 
 
 class StepRow(NamedTuple):
@@ -99,15 +104,27 @@ class MetricsCollector:
     - `steps`: one tuple per step, laid out as `StepRow` (use the index constants or `StepRow`
       to read it).
     - `requests`: one `RequestRecord` per finished sequence and per rejected request.
+    - `running_by_tenant`: one dict per step (aligned with `steps`, when the engine records it
+      with `record_running`): tenant -> how many of its sequences were running after the step was
+      scheduled (a tenant with none is absent). Consecutive steps with the same counts share one
+      dict: treat them as read-only.
     """
 
-    __slots__ = ("max_num_seqs", "requests", "steps", "_append_step")
+    __slots__ = (
+        "max_num_seqs", "requests", "steps", "running_by_tenant", "_append_step", "_append_running",
+        "_counts", "_num_running", "_tenants",
+    )
 
     def __init__(self, max_num_seqs: int) -> None:
         self.max_num_seqs = max_num_seqs
         self.requests: list[RequestRecord] = []
         self.steps: list[tuple] = []
+        self.running_by_tenant: list[dict[str, int]] = []
         self._append_step = self.steps.append
+        self._append_running = self.running_by_tenant.append
+        self._counts: dict[str, int] = {}
+        self._num_running = 0
+        self._tenants: set[str] = set()
 
     def record_step(
         self,
@@ -134,6 +151,27 @@ class MetricsCollector:
             plan.num_decode_tokens, len(plan.preempted), running, waiting, swapped, decoding,
             free_blocks, cached_blocks, used_blocks,
         ))
+
+    def note_tenant(self, tenant: str) -> None:
+        """Note that a request of `tenant` was submitted (once per request, before it can run)."""
+        self._tenants.add(tenant)
+
+    def record_running(self, plan: StepPlan, running: Collection[Sequence]) -> None:
+        """Record how many of each tenant's sequences are running after `plan` was scheduled.
+
+        Cheap on the hot path: the counts are recounted only when the running set can have
+        changed since the last step (something was admitted, preempted or forked, or its length
+        changed: a sequence leaves it only by preemption or by ending), and only when requests of
+        more than one tenant were submitted (`note_tenant`; with one, its count is `len(running)`).
+        Call once per recorded step, after `record_step`."""
+        if plan.admitted or plan.preempted or plan.forked or len(running) != self._num_running:
+            self._num_running = len(running)
+            tenants = self._tenants
+            if len(tenants) == 1:
+                self._counts = dict.fromkeys(tenants, len(running)) if running else {}
+            else:  # several tenants (or sequences that came in without `note_tenant`)
+                self._counts = dict(Counter(map(_tenant_of, running)))
+        self._append_running(self._counts)
 
     def record_finished(self, seq: Sequence) -> None:
         """Record a sequence that has finished, whatever its finish reason. Call once per sequence."""

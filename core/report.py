@@ -14,29 +14,10 @@ import sys
 from typing import Any, TextIO
 
 from .progress import is_terminal
+from .report_numbers import fmt_float, fmt_int, fmt_ms, fmt_pct, format_fairness
 from .summaries import LATENCY_FIELDS
 
 LATENCY_ROWS = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"), ("queue", "queue_s"))
-
-# ----------------------------------------------------------------------------------------------
-# Number formatting (None, for "cannot be computed", prints as "-")
-
-
-def _int(v: Any) -> str:
-    return "-" if v is None else f"{v:d}"
-
-
-def _float(v: Any, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
-
-
-def _ms(v: Any) -> str:
-    return "-" if v is None else f"{v * 1000:.2f}"
-
 
 def _name(part: Any) -> str:
     if isinstance(part, dict):
@@ -60,24 +41,24 @@ def cost_model_label(executor: Any) -> str | None:
 
 # (label, summary key, formatter) of the headline figures, in display order.
 HEADLINE = (
-    ("requests", "requests", _int),
-    ("completed", "completed", _int),
-    ("rejected", "rejected", _int),
-    ("unfinished", "unfinished", _int),
-    ("steps", "steps", _int),
-    ("duration (s)", "duration_s", lambda v: _float(v, 3)),
-    ("wall (s)", "wall_s", lambda v: _float(v, 3)),
-    ("output tokens", "output_tokens", _int),
-    ("throughput (tok/s)", "output_throughput_tok_s", _float),
-    ("throughput (req/s)", "request_throughput_req_s", lambda v: _float(v, 3)),
-    ("preemptions", "preemptions", _int),
-    ("recomputed tokens", "recomputed_tokens", _int),
-    ("prefix hit rate", "prefix_hit_rate", _pct),
-    ("KV peak blocks", "kv_peak_blocks", _int),
-    ("mean batch", "mean_batch_size", _float),
-    ("slot utilisation", "slot_utilization", _pct),
-    ("prefill share", "prefill_token_share", _pct),
-    ("zero-decode steps", "zero_decode_steps", _int),
+    ("requests", "requests", fmt_int),
+    ("completed", "completed", fmt_int),
+    ("rejected", "rejected", fmt_int),
+    ("unfinished", "unfinished", fmt_int),
+    ("steps", "steps", fmt_int),
+    ("duration (s)", "duration_s", lambda v: fmt_float(v, 3)),
+    ("wall (s)", "wall_s", lambda v: fmt_float(v, 3)),
+    ("output tokens", "output_tokens", fmt_int),
+    ("throughput (tok/s)", "output_throughput_tok_s", fmt_float),
+    ("throughput (req/s)", "request_throughput_req_s", lambda v: fmt_float(v, 3)),
+    ("preemptions", "preemptions", fmt_int),
+    ("recomputed tokens", "recomputed_tokens", fmt_int),
+    ("prefix hit rate", "prefix_hit_rate", fmt_pct),
+    ("KV peak blocks", "kv_peak_blocks", fmt_int),
+    ("mean batch", "mean_batch_size", fmt_float),
+    ("slot utilisation", "slot_utilization", fmt_pct),
+    ("prefill share", "prefill_token_share", fmt_pct),
+    ("zero-decode steps", "zero_decode_steps", fmt_int),
 )
 ONLY_WHEN_PRESENT = frozenset({"unfinished"})
 """Headline keys shown only when a summary has them (`unfinished`: a run with a `--horizon`)."""
@@ -174,7 +155,7 @@ def _summary_parts(doc: dict) -> list[Any]:
     latency = _table("latency (ms)", *LATENCY_FIELDS, min_width=9)
     for label, key in LATENCY_ROWS:
         dist = s.get(key) or {}
-        latency.add_row(label, *(_ms(dist.get(f)) for f in LATENCY_FIELDS))
+        latency.add_row(label, *(fmt_ms(dist.get(f)) for f in LATENCY_FIELDS))
     parts.append(_indented(latency))
 
     tenants = doc.get("tenants") or {}
@@ -188,12 +169,17 @@ def _summary_parts(doc: dict) -> list[Any]:
 
 
 def _group_table(label: str, groups: dict[str, dict]) -> Any:
-    """A row per group (tenant or priority class): requests, throughput and TTFT."""
-    table = _table(label, "requests", "completed", "tok/s", "TTFT p50 ms", "TTFT p99 ms")
+    """A row per group (tenant or priority class): requests, throughput, TTFT, preemptions and,
+    when the groups have them (tenants), the running mean and max."""
+    running = all("running_mean" in g for g in groups.values())
+    extra = ("running mean", "running max") if running else ()
+    table = _table(label, "requests", "completed", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "preempted", *extra)
     for name, g in groups.items():
         ttft = g.get("ttft_s") or {}
-        table.add_row(name, _int(g.get("requests")), _int(g.get("completed")),
-                      _float(g.get("output_throughput_tok_s")), _ms(ttft.get("p50")), _ms(ttft.get("p99")))
+        cells = (fmt_float(g.get("running_mean")), fmt_int(g.get("running_max"))) if running else ()
+        table.add_row(name, fmt_int(g.get("requests")), fmt_int(g.get("completed")),
+                      fmt_float(g.get("output_throughput_tok_s")), fmt_ms(ttft.get("p50")), fmt_ms(ttft.get("p99")),
+                      fmt_int(g.get("preemptions")), *cells)
     return table
 
 
@@ -203,7 +189,9 @@ def format_summary_table(doc: dict) -> str:
     A title line (policy, workload, executor), the headline figures, a latency table in
     milliseconds (TTFT, TPOT, ITL, E2E, queue by mean, p50, p90, p95, p99, max) and, when the run
     had more than one tenant, the fairness lines (see `format_fairness`) and one row per tenant
-    (requests, completed, tok/s, TTFT p50 and p99); the same per priority class.
+    (requests, completed, tok/s, TTFT p50 and p99, preempted: its requests' preemptions, running
+    mean and max: how many of its requests ran at once); the same per priority class (without the
+    running counts).
     """
     return _plain(_summary_parts(doc))
 
@@ -213,34 +201,10 @@ def print_summary_table(doc: dict, file: TextIO | None = None) -> None:
     _print(_summary_parts(doc), file)
 
 
-def _seconds(v: Any) -> str:
-    return "-" if v is None else f"{v:g}"
-
-
-def format_fairness(fairness: dict) -> list[str]:
-    """Two lines on a result's `fairness`: Jain's index (min and mean over the windows) and the
-    largest weighted-service gap between backlogged tenants, then the worst window (lowest Jain's
-    index) with its span, index and gap."""
-    lines = [
-        f"fairness over {_seconds(fairness.get('window_s'))} s windows: Jain min "
-        f"{_float(fairness.get('min_jain'), 3)}, mean {_float(fairness.get('mean_jain'), 3)}; "
-        f"max service gap {_float(fairness.get('max_service_gap'), 1)} tokens"
-    ]
-    rated = [w for w in fairness.get("windows") or () if w.get("jain") is not None]
-    if rated:
-        worst = min(rated, key=lambda w: w["jain"])
-        lines.append(
-            f"worst window {worst['start_s']:.1f}-{worst['end_s']:.1f} s: Jain {worst['jain']:.3f}, "
-            f"gap {_float(worst.get('max_service_gap'), 1)} tokens over {len(worst.get('backlogged') or ())} "
-            "backlogged tenants"
-        )
-    return lines
-
-
 FAIRNESS_ROWS = (
-    ("Jain min", "min_jain", lambda v: _float(v, 3)),
-    ("Jain mean", "mean_jain", lambda v: _float(v, 3)),
-    ("max service gap", "max_service_gap", lambda v: _float(v, 1)),
+    ("Jain min", "min_jain", lambda v: fmt_float(v, 3)),
+    ("Jain mean", "mean_jain", lambda v: fmt_float(v, 3)),
+    ("max service gap", "max_service_gap", lambda v: fmt_float(v, 1)),
 )
 """(label, fairness key, formatter) of the fairness rows of the comparison table."""
 
@@ -269,7 +233,7 @@ def _comparison_table(docs: list[dict]) -> Any:
     for label, key in LATENCY_ROWS:
         for f in COMPARISON_FIELDS:
             rows.append(
-                (f"{label} {f} (ms)", [_ms((d["summary"].get(key) or {}).get(f)) for d in docs])
+                (f"{label} {f} (ms)", [fmt_ms((d["summary"].get(key) or {}).get(f)) for d in docs])
             )
     for group, prefix, order in (("tenants", "", str), ("priorities", "priority ", int)):
         names = sorted({n for d in docs for n in (d.get(group) or {})}, key=order)
@@ -277,7 +241,7 @@ def _comparison_table(docs: list[dict]) -> Any:
             for n in names:
                 rows.append((
                     f"TTFT p99 {prefix}{n} (ms)",
-                    [_ms((((d.get(group) or {}).get(n) or {}).get("ttft_s") or {}).get("p99")) for d in docs],
+                    [fmt_ms((((d.get(group) or {}).get(n) or {}).get("ttft_s") or {}).get("p99")) for d in docs],
                 ))
     if any(d.get("fairness") for d in docs):
         for label, key, fmt in FAIRNESS_ROWS:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .fairness import fairness
 from .metrics_collector import MetricsCollector
-from .summaries import summarize_all
+from .summaries import running_by_tenant, summarize_all
 
 
 def _jsonable(value: Any) -> Any:
@@ -44,7 +44,8 @@ def result_document(
     """The result of one run: `{"policy", "workload", "executor", "config", "summary", "tenants",
     "fairness"}`.
 
-    `summary` is `summarize` over the whole run, `tenants` is `summarize_by_tenant`, `fairness` is
+    `summary` is `summarize` over the whole run, `tenants` is `summarize_by_tenant` with each
+    tenant's `running_mean` and `running_max` added (`summaries.running_by_tenant`), `fairness` is
     `fairness` over windows of `window_s` seconds, with the token and tenant weights of
     `service_weights` (`{"w_in", "w_out", "weights"}`, each optional: a weighted-fair policy's own
     weights, so that its figures measure what it equalises; default 1, 1 and every tenant 1). The
@@ -57,6 +58,8 @@ def result_document(
     if unknown:
         raise ValueError(f"service_weights: unknown key(s) {sorted(unknown)}; valid: w_in, w_out, weights")
     summary, tenants, priorities = summarize_all(collector.requests, collector.steps, **kw)
+    running = running_by_tenant(collector.running_by_tenant, tenants)
+    tenants = {t: {**tenants[t], **running[t]} for t in tenants}
     return _jsonable({
         "policy": policy,
         "workload": workload,

@@ -1,5 +1,5 @@
 """The files of a run: the result document as JSON, one CSV row per request record, one CSV row
-per step tuple."""
+per step tuple (with one running-count column per tenant)."""
 
 from __future__ import annotations
 
@@ -43,14 +43,33 @@ def write_requests_csv(path: str | Path, records: Iterable[RequestRecord]) -> No
             w.writerow([_cell(getattr(r, name)) for name in REQUESTS_CSV_FIELDS])
 
 
-def write_steps_csv(path: str | Path, steps: Iterable[tuple]) -> None:
-    """One row per step tuple of `MetricsCollector.steps`, columns `STEPS_CSV_FIELDS`."""
+def running_column(tenant: str) -> str:
+    """The steps CSV's column of `tenant`'s running count: `running[<tenant>]`."""
+    return f"running[{tenant}]"
+
+
+def write_steps_csv(
+    path: str | Path,
+    steps: Iterable[tuple],
+    running_by_tenant: list[dict[str, int]] | None = None,
+    tenants: Iterable[str] = (),
+) -> None:
+    """One row per step tuple of `MetricsCollector.steps`, columns `STEPS_CSV_FIELDS`, then one
+    column per tenant of `tenants` (in the order given), `running[<tenant>]`: how many of its
+    sequences were running in that step, from `MetricsCollector.running_by_tenant` (aligned with
+    `steps`; 0 where the tenant had none). Without `running_by_tenant` there are no tenant columns.
+    """
     idx = [StepRow._fields.index(name) for name in STEPS_CSV_FIELDS]
+    tenants = list(tenants) if running_by_tenant is not None else []
     with _open_for_write(path) as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(STEPS_CSV_FIELDS)
-        for s in steps:
-            w.writerow([_cell(s[i]) for i in idx])
+        w.writerow([*STEPS_CSV_FIELDS, *map(running_column, tenants)])
+        if not tenants:
+            for s in steps:
+                w.writerow([_cell(s[i]) for i in idx])
+            return
+        for s, counts in zip(steps, running_by_tenant, strict=True):
+            w.writerow([*(_cell(s[i]) for i in idx), *(counts.get(t, 0) for t in tenants)])
 
 
 def write_json(path: str | Path, doc: dict) -> None:

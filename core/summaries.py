@@ -215,3 +215,24 @@ def _summarize_groups(
         return {g: whole for g in groups}
     step_stats = _step_stats(steps, max_num_seqs, kv_peak_blocks)
     return {g: _assemble(_record_stats(groups[g], steps, wall_s), step_stats) for g in sorted(groups)}
+
+
+TENANT_RUNNING_KEYS = ("running_mean", "running_max")
+"""Keys a result document's per-tenant summaries have besides `SUMMARY_KEYS` (see
+`running_by_tenant`)."""
+
+
+def running_by_tenant(
+    counts: list[dict[str, int]], tenants: Iterable[str]
+) -> dict[str, dict[str, float | int | None]]:
+    """Per tenant, `{"running_mean", "running_max"}`: how many of its sequences were running at
+    once, the mean over every recorded step (a step where it had none counts as 0) and the max.
+
+    `counts` is `MetricsCollector.running_by_tenant` (one dict per step); both figures are None
+    when no step was recorded."""
+    n = len(counts)
+    out: dict[str, dict[str, float | int | None]] = {}
+    for t in tenants:
+        per_step = [c.get(t, 0) for c in counts]
+        out[t] = {"running_mean": sum(per_step) / n if n else None, "running_max": max(per_step, default=None)}
+    return out

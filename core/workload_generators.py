@@ -9,7 +9,7 @@ import math
 import random
 
 from .workload_items import WorkloadError, WorkloadItem
-from .workload_specs import SyntheticSpec
+from .workload_specs import SyntheticSpec, share_of
 
 
 def generate(spec: SyntheticSpec, *, namespace: str = "synthetic") -> list[WorkloadItem]:
@@ -33,10 +33,14 @@ def generate(spec: SyntheticSpec, *, namespace: str = "synthetic") -> list[Workl
             arrivals[i] = t
         if not math.isfinite(t):
             raise WorkloadError(f"rate {spec.rate!r}: arrivals overflow the clock (give a larger rate)")
+    names = list(spec.tenants)
+    tenants = rng("tenant").choices(names, [share_of(spec.tenants[t]) for t in names], k=n)
+    # each request draws its lengths from its tenant's distributions, from one stream per length
+    # (so a spec without per-tenant lengths draws what it drew before tenants could have their own)
+    lengths = {t: spec.lengths_of(t) for t in names}
     r_prompt, r_out = rng("prompt_len"), rng("output_len")
-    prompts = [spec.prompt_len.sample(r_prompt) for _ in range(n)]
-    outputs = [spec.output_len.sample(r_out) for _ in range(n)]
-    tenants = rng("tenant").choices(list(spec.tenants), list(spec.tenants.values()), k=n)
+    prompts = [lengths[t][0].sample(r_prompt) for t in tenants]
+    outputs = [lengths[t][1].sample(r_out) for t in tenants]
     priorities = rng("priority").choices(list(spec.priorities), list(spec.priorities.values()), k=n)
     prefixes = rng("prefix").choices(range(spec.num_prefixes), k=n)
 

@@ -18,7 +18,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -95,15 +97,44 @@ LengthDist = Annotated[
 `{"dist": "lognormal", "mean", "sigma", "min", "max"}`, or a bare integer (fixed)."""
 
 
+def share_of(v: Any) -> float:
+    """The share of a `tenants` entry: the number itself, or a `TenantSpec`'s `share`."""
+    return v.share if isinstance(v, TenantSpec) else v
+
+
 def _normalised(shares: dict, what: str) -> dict:
-    total = sum(shares.values())
+    total = sum(map(share_of, shares.values()))
     if not shares or total <= 0:
         raise ValueError(f"{what} shares must be >= 0 and sum to more than 0")
-    return {k: v / total for k, v in shares.items()}
+    return {
+        k: v.model_copy(update={"share": v.share / total}) if isinstance(v, TenantSpec) else v / total
+        for k, v in shares.items()
+    }
 
 
 MAX_SHARE = 1e12
 Share = Annotated[float, Field(ge=0, le=MAX_SHARE, allow_inf_nan=False)]
+
+
+class TenantSpec(BaseModel):
+    """A tenant with its own lengths: its `share` of the requests and, optionally, its own
+    `prompt_len` and `output_len` distributions (None: the spec's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    share: Share
+    prompt_len: LengthDist | None = None
+    output_len: LengthDist | None = None
+
+
+def _tenant_kind(v: Any) -> str:
+    return "tenant" if isinstance(v, (dict, TenantSpec)) else "share"
+
+
+TenantEntry = Annotated[
+    Union[Annotated[Share, Tag("share")], Annotated[TenantSpec, Tag("tenant")]],
+    Discriminator(_tenant_kind),
+]
+"""A tenant of a spec: its share (a number), or a `TenantSpec` table with its own lengths."""
 
 
 class SyntheticSpec(BaseModel):
@@ -115,7 +146,8 @@ class SyntheticSpec(BaseModel):
     - `prompt_len`: the length of each request's own prompt, *after* the shared system prompt of
       `shared_prefix_len` tokens (one of `num_prefixes`, picked uniformly); so a prompt is
       shared_prefix_len + prompt_len tokens.
-    - `tenants` ({name: share}) and `priorities` ({priority: share}): shares, normalised.
+    - `tenants` ({name: share, or name: `TenantSpec` with its share and its own length
+      distributions}) and `priorities` ({priority: share}): shares, normalised.
     - `seed`: everything is a function of the spec; each attribute (arrivals, lengths, tenants,
       ...) draws from its own stream, so changing one leaves the others as they were.
     """
@@ -128,7 +160,7 @@ class SyntheticSpec(BaseModel):
     burstiness: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     prompt_len: LengthDist
     output_len: LengthDist
-    tenants: dict[Annotated[str, Field(min_length=1)], Share] = Field(
+    tenants: dict[Annotated[str, Field(min_length=1)], TenantEntry] = Field(
         default_factory=lambda: {"default": 1.0}
     )
     priorities: dict[int, Share] = Field(default_factory=lambda: {0: 1.0})
@@ -146,6 +178,13 @@ class SyntheticSpec(BaseModel):
     def _priority_shares(cls, v: dict) -> dict:
         return _normalised(v, "priority")
 
+    def lengths_of(self, tenant: str) -> tuple[LengthDist, LengthDist]:
+        """The prompt and output length distributions of `tenant`'s requests."""
+        t = self.tenants[tenant]
+        if not isinstance(t, TenantSpec):
+            return self.prompt_len, self.output_len
+        return t.prompt_len or self.prompt_len, t.output_len or self.output_len
+
     @model_validator(mode="after")
     def _consistent(self) -> SyntheticSpec:
         if self.arrival == "poisson" and self.burstiness != 1.0:
@@ -155,12 +194,26 @@ class SyntheticSpec(BaseModel):
         return self
 
 
+_DIST_TAGS = frozenset({"fixed", "uniform", "lognormal"})
+
+
+def _key_path(loc: tuple) -> str:
+    """An error's location as the file's keys: without the tags pydantic puts in it for the
+    tenant entry union (number or table) and the length distribution union."""
+    keys = []
+    for i, p in enumerate(loc):
+        if i == 2 and loc[0] == "tenants" and p in ("share", "tenant"):
+            continue
+        if i >= 1 and loc[i - 1] in ("prompt_len", "output_len") and p in _DIST_TAGS:
+            continue
+        keys.append(str(p))
+    return ".".join(keys) or "(spec)"
+
 
 def _validation_lines(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(spec)"
-        lines.append(f"  {loc}: {e['msg']}")
+        lines.append(f"  {_key_path(e['loc'])}: {e['msg']}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ live in their own modules, whose public names this module also exports:
 
 - `workload_items`: `WorkloadItem`, `Workload`, `WorkloadError`, the size limits;
 - `token_streams`: the prompt tokens of `(key, length)` segments (`segment_tokens`);
-- `workload_specs`: `SyntheticSpec`, its length distributions, `load_spec`;
+- `workload_specs`: `SyntheticSpec`, its length distributions and tenant tables (`TenantSpec`), `load_spec`;
 - `workload_generators`: `generate` (a spec's requests) and the built-ins (`BUILTIN_WORKLOADS`);
 - `traces`: the Azure CSV and Mooncake JSONL readers, `find_traces_dir`;
 - `text_requests`: request files with text prompts.
@@ -27,12 +27,12 @@ from .workload_generators import (
 )
 from .workload_items import MAX_ITEM_TOKENS, MAX_REQUESTS, Workload, WorkloadError, WorkloadItem
 from .workload_specs import (
-    FixedLength, LengthDist, LognormalLength, SyntheticSpec, UniformLength, load_spec, spec_namespace,
+    FixedLength, LengthDist, LognormalLength, SyntheticSpec, TenantSpec, UniformLength, load_spec, spec_namespace,
 )
 
 __all__ = [
     "BUILTIN_WORKLOADS", "MAX_ITEM_TOKENS", "MAX_REQUESTS", "FixedLength", "LengthDist", "LognormalLength",
-    "SyntheticSpec", "UniformLength", "Workload", "WorkloadError", "WorkloadItem", "build_workload",
+    "SyntheticSpec", "TenantSpec", "UniformLength", "Workload", "WorkloadError", "WorkloadItem", "build_workload",
     "find_traces_dir", "generate", "list_workloads", "load_azure", "load_mooncake", "load_spec", "load_trace",
     "scale_items", "segment_tokens",
 ]

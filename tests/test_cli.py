@@ -63,8 +63,9 @@ def test_run_writes_the_json_document_and_both_csvs(tmp_path, capsys):
     assert {r["finish_reason"] for r in rows} == {"length"}
 
     header, rows = read_csv(out / "steps.csv")
-    assert header == STEPS_HEADER
+    assert header == STEPS_HEADER + ",running[default]"  # one running column per tenant
     assert len(rows) == summary["steps"]
+    assert all(r["running[default]"] == r["running"] for r in rows)  # the one tenant runs everything
     assert [int(r["step"]) for r in rows] == list(range(1, len(rows) + 1))
     assert sum(int(r["decode_tokens"]) + int(r["prefill_tokens"]) for r in rows) > summary["output_tokens"]
 

@@ -114,7 +114,7 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    "drawn with replacement) or window:S (a random S-second stretch); see core/resample.py")
     p.add_argument("--json", metavar="PATH", help="write the result document (default: none)")
     _refused_or(p, compare, "--requests-csv", metavar="PATH", help="write one row per request (default: none)")
-    _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step (default: none)")
+    _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step, with a running[TENANT] column per tenant (default: none)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("--report", metavar="DIR", help="write report.md, report.html, PNG plots and per-request CSVs "

@@ -52,5 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.requests_csv:
         result_files.write_requests_csv(args.requests_csv, engine.metrics.requests)
     if args.steps_csv:
-        result_files.write_steps_csv(args.steps_csv, engine.metrics.steps)
+        m = engine.metrics
+        tenants = sorted({r.tenant for r in m.requests})
+        result_files.write_steps_csv(args.steps_csv, m.steps, m.running_by_tenant, tenants)
     return 0
