@@ -100,8 +100,8 @@ def test_every_public_member_of_what_plugins_touch_is_in_the_reference(built):
 
 def test_every_field_of_a_request_and_a_workload_spec_is_in_the_reference(built):
     documented = entries(built)
-    models = (request.Request, request.SamplingParams, workload_specs.SyntheticSpec, workload_specs.FixedLength,
-              workload_specs.UniformLength, workload_specs.LognormalLength)
+    models = (request.Request, request.SamplingParams, workload_specs.SyntheticSpec, workload_specs.TenantSpec,
+              workload_specs.FixedLength, workload_specs.UniformLength, workload_specs.LognormalLength)
     for model in models:
         assert qualified(model) in documented
         missing = [f for f in model.model_fields if f"{qualified(model)}.{f}" not in documented]
