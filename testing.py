@@ -1,11 +1,11 @@
 """Conformance checks for plugin authors: run a plugin on built-in workloads and check the contract.
 
-```python
-from metroline.testing import check_plugin
+In a test of the plugin's package::
 
-def test_my_plugin_conforms():
-    check_plugin("mypkg.quota:TenantQuota", options={"default_max_running": 4})
-```
+    from metroline.testing import check_plugin
+
+    def test_my_plugin_conforms():
+        check_plugin("mypkg.quota:TenantQuota", options={"default_max_running": 4})
 
 `check_plugin` runs the plugin (as the base policy when it answers `admission` itself, else stacked
 on `base`) on small built-in workloads with a KV pool small enough to force preemption, in each
@@ -26,13 +26,11 @@ It raises `ConformanceError` listing every failure, and returns a `ConformanceRe
 
 Run it on your own tenants and workload, so that your plugin's own code paths run: the suite's
 workloads have the tenants alpha, beta, gamma and burst, so a plugin keyed on tenant
-"enterprise" would pass without any of its code doing anything.
+"enterprise" would pass without any of its code doing anything::
 
-```python
-report = check_plugin("mypkg.quota:TenantQuota", tenants=["enterprise", "free"],
-                      workload="my_traffic.toml", strict=True)
-print(report)  # runs, then each hook's calls and changed answers
-```
+    report = check_plugin("mypkg.quota:TenantQuota", tenants=["enterprise", "free"],
+                          workload="my_traffic.toml", strict=True)
+    print(report)  # runs, then each hook's calls and changed answers
 
 `tenants=` re-labels the suite's workloads with your tenants (a list: request i of each workload
 goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `workload=` adds your

@@ -26,6 +26,8 @@ from .errors import PluginLoadError
 from .plugin_options import options_model, validate_options
 
 ENTRY_POINT_GROUP = "metroline.plugins"
+"""The entry-point group of installed plugins: a package declares
+`[project.entry-points."metroline.plugins"] NAME = "pkg.module:Class"` and `--plugin NAME` loads it."""
 
 SHIPPED: dict[str, str] = {
     # ordering policies
