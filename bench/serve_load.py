@@ -22,6 +22,9 @@ each hand-off (one monotonic clock for both processes):
     inside the app       handler -> engine plus token -> written: the part spent in the app's own
                          code and event loop, without the kernel, uvicorn's accept and the client
 
+The server and the clients are pinned to separate halves of the CPUs (`--no-pin`: not), as if the
+clients ran on another host: see `_split_cpus`.
+
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
 """
 
@@ -134,7 +137,9 @@ async def _clients(url: str, rate: float, duration: float, max_clients: int, dis
     return {"results": out, "dropped": dropped, "wall": wall, "cpu": time.process_time()}
 
 
-def _client_main(url: str, args: dict, conn) -> None:
+def _client_main(url: str, args: dict, conn, cpus: set[int] | None = None) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     try:
         import uvloop
 
@@ -142,6 +147,21 @@ def _client_main(url: str, args: dict, conn) -> None:
     except ImportError:
         conn.send(asyncio.run(_clients(url, **args)))
     conn.close()
+
+
+def _split_cpus() -> tuple[set[int] | None, set[int] | None]:
+    """The CPUs this process may use, split in two halves: the server's and the clients'. As a load
+    generator on another host would, the clients then never wait for a CPU the server is busy on
+    (and the other way round): Linux sometimes wakes a process on the CPU where the other one is
+    running, and it then waits until that one blocks, up to a millisecond and more here
+    (`bench/wake_latency.py` measures it). (None, None) with fewer than two CPUs or no affinity."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
 
 
 class EngineTTFT:
@@ -173,6 +193,7 @@ def main() -> None:
     ap.add_argument("--cost-model", default="linear", help="the simulated executor's cost model")
     ap.add_argument("--max-waiting", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to separate CPUs")
     args = ap.parse_args()
     duration, max_clients = min(args.duration, 120.0), min(args.max_clients, 1024)
 
@@ -189,6 +210,9 @@ def main() -> None:
     serve = ServeConfig(max_waiting=args.max_waiting,
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
     load_before = os.getloadavg()[0]
+    server_cpus, client_cpus = (None, None) if args.no_pin else _split_cpus()
+    if server_cpus:
+        os.sched_setaffinity(0, server_cpus)  # this thread; the server's thread, made next, inherits it
     with ServerThread(engine, serve) as srv:
         srv.server_state.timings = marks = {}
         switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
@@ -196,7 +220,7 @@ def main() -> None:
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
             {"rate": args.rate, "duration": duration, "max_clients": max_clients,
-             "disconnect": args.disconnect, "seed": args.seed}, child))
+             "disconnect": args.disconnect, "seed": args.seed}, child, client_cpus))
         proc.start()
         doc = parent.recv()
         proc.join(30)
@@ -230,6 +254,8 @@ def main() -> None:
           f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
           f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
+    print(f"CPUs: server {sorted(server_cpus) if server_cpus else 'any'}, "
+          f"clients {sorted(client_cpus) if client_cpus else 'any'}")
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
           f"{server_cpu:.1f}, client process {doc['cpu']:.1f}; server waits (voluntary context switches) "
           f"{switches}; load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
