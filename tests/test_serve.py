@@ -317,9 +317,11 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
     which both had requests waiting (VTC's backlog: the only windows where a fair policy owes each
     its share), the weighted service each got, counted by the engine when each token was made
     (prompt tokens at w_in 1, output tokens at w_out 2, weighted_fair's defaults), stays within 15%
-    of 1:2. Steps of 10 ms make 3 s windows hold 300 steps. Windows that reach past the moment the
-    clients stop submitting are left out: in that drain the policy serves the heavier tenant's
-    queue empty first, and the lighter one alone after it, by design."""
+    of 1:2, and so do the tokens each was served (prompt and output, unweighted). Steps of 10 ms
+    make 3 s windows hold 300 steps: shorter windows than the issue's 10 s, so less averaging.
+    Windows that reach past the moment the clients stop submitting are left out: in that drain the
+    policy serves the heavier tenant's queue empty first, and the lighter one alone after it, by
+    design."""
     options = {"weighted_fair": {"weights": {"alpha": 1, "beta": 2}}}
     window, windows = 3.0, 4
     served, stop = Served(), {}
@@ -354,6 +356,10 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
     assert len(compared) >= 2, doc["windows"]
     for w in compared:
         alpha, beta = w["service"]["alpha"], w["service"]["beta"]
+        assert alpha > 0 and abs(beta / alpha - 2) <= 0.15 * 2, (w["start_s"], alpha, beta)
+        # the tokens each was served (prompt and output, unweighted): the same shapes for both
+        # tenants, so the same 1:2
+        alpha, beta = (w["input"][t] + w["output"][t] for t in ("alpha", "beta"))
         assert alpha > 0 and abs(beta / alpha - 2) <= 0.15 * 2, (w["start_s"], alpha, beta)
 
 
