@@ -17,8 +17,12 @@ estimates the capacity C in requests per second:
   finished while they arrived.
 
 A run whose arrivals span less than `STEADY_SPANS` mean service times (first scheduling to end)
-never reaches a steady state (the batch is still filling when the last request arrives): its load
-is *short* and no capacity is estimated from it. Otherwise the load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the time at an offered
+never reaches a steady state while they arrive (the batch is still filling when the last request
+arrives). If its backlog then kept requests waiting (`SATURATED_QUEUED_SHARE` of the time) for
+`STEADY_SPANS` service times after the last arrival, the engine served as fast as it can all that
+while: C = the rate requests completed at then (an overloaded run: a burst of requests arriving
+far faster than the engine serves them). Else its load is *short* and no capacity is estimated
+from it. Otherwise the load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the time at an offered
 rate below `LIGHT_LOAD` x C (near capacity, requests that arrive regularly may not queue either,
 and a higher rate would not help), *heavy* when the offered rate is above `HEAVY_LOAD` x C, else
 fine. The suggestion is the `--rate-scale` that
@@ -50,10 +54,13 @@ def estimate(stats: dict[str, Any]) -> dict[str, Any] | None:
     if not stats or not stats.get("span_s"):
         return None
     service = stats.get("service_s")
-    if service is not None and stats["span_s"] < STEADY_SPANS * service:
-        return {"kind": "short", "span_s": stats["span_s"], "service_s": service}
     offered, use, queued = stats["offered_rate_req_s"], stats["utilisation"], stats["queued_share"]
-    if queued >= SATURATED_QUEUED_SHARE or use <= 0:
+    if service is not None and stats["span_s"] < STEADY_SPANS * service:
+        if not (stats.get("drain_s", 0.0) >= STEADY_SPANS * service and stats.get("drained_rate_req_s")
+                and stats.get("drain_queued_share", 0.0) >= SATURATED_QUEUED_SHARE):
+            return {"kind": "short", "span_s": stats["span_s"], "service_s": service}
+        capacity = stats["drained_rate_req_s"]
+    elif queued >= SATURATED_QUEUED_SHARE or use <= 0:
         capacity = stats["served_rate_req_s"]
     else:
         capacity = offered / use

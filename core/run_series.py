@@ -8,7 +8,7 @@ log reduced to `bins` time bins. Times are seconds on the engine's clock.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +118,12 @@ def load_stats(records: list[RequestRecord], steps: list[tuple], config: Any, do
     - `offered_rate_req_s`: requests / span (arrivals per second);
     - `served_rate_req_s`: requests that finished within the span / span;
     - `service_s`: the mean time a completed request spent from its first scheduling to its end
-      (E2E minus queueing; None when nothing completed).
+      (E2E minus queueing; None when nothing completed);
+    - `drain_s`, `drained_rate_req_s`, `drain_queued_share`: after the last arrival, the stretch
+      while the backlog drained (from the last arrival to the last completion minus `service_s`:
+      the final batch winding down is left out), the rate requests completed at in it and the
+      share of it during which some request waited. A backlog that keeps requests waiting there
+      keeps the engine serving as fast as it can, so that rate is its capacity.
     """
     arrivals = sorted(r.arrival_s for r in records)
     if not arrivals:
@@ -145,7 +150,10 @@ def load_stats(records: list[RequestRecord], steps: list[tuple], config: Any, do
         "kv_use": kv / (span * config.num_blocks),
         "token_use": tokens / (span * config.max_num_batched_tokens),
     }
-    served = sum(1 for r in records if r.finish_s is not None and r.finish_s <= hi and r.finish_reason != REJECTED)
+    done = sorted(r.finish_s for r in records if r.finish_s is not None and r.finish_reason != REJECTED)
+    served = bisect_right(done, hi)
+    service = _mean_service(doc)
+    drain = _drain(done, steps, hi, service)
     return {
         "span_s": span,
         **uses,
@@ -154,9 +162,27 @@ def load_stats(records: list[RequestRecord], steps: list[tuple], config: Any, do
         "queued_share": queued / span,
         "offered_rate_req_s": (len(arrivals) - 1) / span if arrivals[-1] > arrivals[0] else len(arrivals) / span,
         "served_rate_req_s": served / span,
-        "service_s": _mean_service(doc),
+        "service_s": service,
+        **drain,
         "rate_scale": (doc.get("workload") or {}).get("rate_scale", 1.0),
     }
+
+
+def _drain(done: list[float], steps: list[tuple], hi: float, service: float | None) -> dict[str, Any]:
+    """`drain_s`, `drained_rate_req_s` and `drain_queued_share` (see `load_stats`) from the sorted
+    completion times `done`, the step log and the last arrival `hi`."""
+    end = done[-1] - service if done and service is not None else hi
+    if end <= hi:
+        return {"drain_s": 0.0, "drained_rate_req_s": None, "drain_queued_share": 0.0}
+    queued = 0.0
+    for s in steps:
+        t, d = s[TIME_S], s[DURATION_S]
+        overlap = min(t, end) - max(t - d, hi)
+        if overlap > 0 and s[WAITING] + s[SWAPPED]:
+            queued += overlap
+    span = end - hi
+    drained = bisect_right(done, end) - bisect_right(done, hi)
+    return {"drain_s": span, "drained_rate_req_s": drained / span, "drain_queued_share": queued / span}
 
 
 def _mean_service(doc: dict[str, Any]) -> float | None:

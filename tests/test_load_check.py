@@ -67,3 +67,20 @@ def test_a_run_shorter_than_a_few_service_times_is_not_judged():
     assert stats["service_s"] == pytest.approx(OUT * STEP, rel=0.05)
     found = load_check.check([stats], ["fcfs"])
     assert found["kind"] == "short" and found["message"].startswith("note: the load cannot be judged")
+
+
+def test_a_burst_far_faster_than_the_engine_is_heavy_judged_by_the_rate_its_backlog_drains_at():
+    # all N requests within (N - 1) / (50 C) = 0.15 s, under 3 service times (OUT steps = 0.2 s):
+    # too short to judge while they arrive, but the backlog then keeps every slot busy for about
+    # N / C = 7.5 s, finishing SLOTS requests every OUT steps: C exactly, at 50 x the offered rate
+    rate = 50 * CAPACITY
+    stats = stats_at(rate, rate_scale=4.0)
+    assert stats["span_s"] < load_check.STEADY_SPANS * stats["service_s"]
+    assert stats["drain_s"] >= load_check.STEADY_SPANS * stats["service_s"]
+    assert stats["drain_queued_share"] > 0.9
+    found = load_check.check([stats], ["fcfs"])
+    assert found["kind"] == "heavy"
+    assert found["capacity_req_s"] == pytest.approx(CAPACITY, rel=0.05)
+    assert found["load"] == pytest.approx(50, rel=0.05)
+    assert found["suggested_rate_scale"] == pytest.approx(4.0 * load_check.TARGET_LOAD / 50, rel=0.05)
+    assert found["message"].startswith("warning: load too heavy")
