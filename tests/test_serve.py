@@ -203,6 +203,50 @@ def test_keys_priorities_bad_fields_and_long_prompts_answer_401_429_400_and_coun
     assert m[("metroline_itl_seconds_count", ())] == 2 * 2  # 3 tokens: 2 gaps each
 
 
+class SamplingRecorder:
+    name = "sampling_recorder"
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @hookimpl
+    def on_arrival(self, seqs):
+        self.seen += [s.sampling for s in seqs]
+
+
+def test_every_sampling_field_reaches_the_engine_and_unsupported_features_answer_400_naming_them():
+    """The sampling fields of the body arrive on the request's `SamplingParams` as sent (OpenAI's
+    and vLLM's names alike); a feature the server does not implement (`protocol.UNSUPPORTED`)
+    answers 400 naming it when asked for, and is accepted when its value asks for nothing."""
+    recorder = SamplingRecorder()
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(), executor, plugins=[recorder])
+    sent = {"max_tokens": 6, "min_tokens": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.05,
+            "frequency_penalty": 0.5, "presence_penalty": -0.25, "repetition_penalty": 1.2, "seed": 11,
+            "stop": ["zz"], "stop_token_ids": [7], "ignore_eos": True}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    with ServerThread(engine, ServeConfig()) as srv:
+        url = srv.url + "/v1/chat/completions"
+        assert httpx.post(url, json={**chat, **sent}).status_code == 200
+        for field, value in [("logprobs", True), ("top_logprobs", 3), ("logit_bias", {"5": 1}), ("best_of", 2),
+                             ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"})]:
+            r = httpx.post(url, json={**chat, field: value})
+            assert (r.status_code, r.json()["error"]["param"]) == (400, field)
+            assert r.json()["error"]["message"] == f"{field}: not supported by this server (got {value!r})"
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "echo": True})
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "echo")
+        for field, value in [("frequency_penalty", 2.5), ("min_p", 1.5), ("repetition_penalty", 0), ("min_tokens", -1)]:
+            r = httpx.post(url, json={**chat, field: value})
+            assert (r.status_code, r.json()["error"]["param"]) == (400, field)
+        neutral = {"logprobs": False, "top_logprobs": 0, "logit_bias": {}, "best_of": 1, "tools": [],
+                   "response_format": {"type": "text"}, "echo": False}
+        assert httpx.post(url, json={**chat, **neutral, "max_tokens": 2}).status_code == 200
+    first = recorder.seen[0]
+    assert {k: getattr(first, "max_new_tokens" if k == "max_tokens" else k) for k in sent} == {
+        **sent, "stop": ("zz",), "stop_token_ids": (7,)}
+    assert len(recorder.seen) == 2
+
+
 def test_an_empty_token_bucket_answers_429_with_retry_after():
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
     options = {"tenant_quota": {"token_rate": {"alpha": 1}, "burst": 100}}

@@ -129,8 +129,9 @@ class Server:
                 deadline=None if body.deadline_s is None else now + body.deadline_s,
                 expected_output_tokens=body.expected_output_tokens, cache_salt=self.tenants.cache_salt(tenant),
                 sampling=SamplingParams(
-                    max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                    seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
+                    max_new_tokens=max_tokens, min_tokens=body.min_tokens, temperature=body.temperature,
+                    top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, frequency_penalty=body.frequency_penalty,
+                    presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty, seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
                     stop=() if body.stop is None else body.stop, n=body.n,
                 ),
             ))

@@ -12,19 +12,32 @@ import time
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "best_of", "tools", "functions",
+               "response_format")
+"""OpenAI fields this server does not implement: a request that asks for one (a value other than
+null, false, 0, empty or, for `response_format`, `{"type": "text"}`) answers 400 naming it rather
+than a reply that silently lacks it."""
 
 
 class _Body(BaseModel):
-    # unknown OpenAI fields (user, logprobs=None, ...) are accepted and ignored, as OpenAI's are
+    # unknown fields (user, metadata, ...) are accepted and ignored, as OpenAI's are; fields of
+    # features not implemented here (`UNSUPPORTED`) are refused when they ask for something
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: int = Field(default=0, ge=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     n: int = Field(default=1, ge=1)
     seed: int | None = None
     stream: bool = False
@@ -35,6 +48,25 @@ class _Body(BaseModel):
     priority: int | None = None
     deadline_s: float | None = Field(default=None, gt=0.0)
     expected_output_tokens: int | None = Field(default=None, ge=0)
+
+    logprobs: Any = None
+    top_logprobs: Any = None
+    echo: Any = None
+    suffix: Any = None
+    logit_bias: Any = None
+    best_of: Any = None
+    tools: Any = None
+    functions: Any = None
+    response_format: Any = None
+
+    @field_validator(*UNSUPPORTED)
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value in (None, False, 0, "", [], {}) or (info.field_name == "response_format" and value == {"type": "text"}):
+            return value
+        if info.field_name == "best_of" and value == info.data.get("n"):
+            return value
+        raise ValueError(f"not supported by this server (got {value!r})")
 
     @property
     def include_usage(self) -> bool:
@@ -72,6 +104,7 @@ def describe(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
         loc = ".".join(str(p) for p in e["loc"])
+        e["msg"] = e["msg"].removeprefix("Value error, ")
         parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
     return "; ".join(parts)
 
