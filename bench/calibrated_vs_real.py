@@ -19,6 +19,7 @@ import os
 import random
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,28 @@ def workload(vocab: int, rate: float, seed: int) -> list[dict]:
     return out
 
 
-def replay(engine: Any, requests: list[dict]) -> list[float]:
-    """Submit each request at its arrival on the engine's clock; E2E seconds per request."""
+class StepTimes:
+    """Wraps an executor: for the plan it runs (`last`), its prefill and decode token counts and
+    the step time each of `models` predicts for it."""
+
+    def __init__(self, executor: Any, models: list[Any]) -> None:
+        self._executor = executor
+        self._models = models
+        self.last: tuple[int, int, list[float]] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+    def execute(self, plan: Any) -> Any:
+        self.last = (plan.num_prefill_tokens, plan.num_decode_tokens, [m.step_time(plan) for m in self._models])
+        return self._executor.execute(plan)
+
+
+def replay(engine: Any, requests: list[dict], steps: list | None = None) -> list[float]:
+    """Submit each request at its arrival on the engine's clock; E2E seconds per request. With
+    `steps` (and a `StepTimes` executor), each step's `((prefill, decode, predictions), seconds)` is
+    appended to it, the seconds being the whole `Engine.step` on the wall clock, as `calibrate`
+    times them."""
     ex, pending = engine.executor, list(requests)
     seqs = []
     while pending or engine.has_unfinished():
@@ -61,8 +82,37 @@ def replay(engine: Any, requests: list[dict]) -> list[float]:
         if not engine.has_unfinished():
             ex.idle_until(pending[0]["arrival_time"])
             continue
+        t0 = time.perf_counter()
         engine.step()
+        if steps is not None and ex.last is not None:
+            steps.append((ex.last, time.perf_counter() - t0))
+            ex.last = None
     return [s.finish_time - s.arrival_time for s in seqs]
+
+
+def step_errors(steps: list) -> list[tuple[str, int, float, list[float]]]:
+    """The real steps of the workload against each fit's prediction for them, by kind of step:
+    `(kind, count, real seconds, predicted seconds by fit)` (totals)."""
+    kinds: dict[str, list] = {}
+    for (prefill, decode, predicted), seconds in steps:
+        kind = "decode only" if not prefill else "prefill only" if not decode else "prefill + decode"
+        kinds.setdefault(kind, []).append((seconds, predicted))
+    return [(kind, len(v), sum(r for r, _ in v), [sum(p[i] for _, p in v) for i in range(len(v[0][1]))])
+            for kind, v in sorted(kinds.items())]
+
+
+def absolute_refit(path: str) -> Any:
+    """The fit file's samples fitted again by ordinary (absolute) least squares, as metroline did
+    before it fitted relative errors: the comparison this bench prints beside the fit."""
+    import json
+
+    from metroline.executors.cost_models import FITTED, CalibratedCostModel, fit_linear
+
+    with open(path) as f:
+        samples = json.load(f)["samples"]
+    xs = [[1.0, s["prefill_tokens"], s["decode_tokens"], s["context_tokens"]] for s in samples]
+    coef, r2 = fit_linear(xs, [s["seconds"] for s in samples])
+    return CalibratedCostModel(r2=r2, num_samples=len(samples), source=path, **dict(zip(FITTED, coef)))
 
 
 def p90(xs: list[float]) -> float:
@@ -98,15 +148,23 @@ def main() -> int:
     if not Path(args.fit).is_file():
         calibrate(executor, config, args.fit, repeats=args.repeats, plugins=[Argmax()])
     requests = workload(executor.vocab_size, args.rate, args.seed)
-    real = replay(Engine(config, executor, plugins=[Argmax()]), requests)
-    sim_ex = SimulatedExecutor(make_cost_model("calibrated", path=args.fit))
-    sim = replay(Engine(config, sim_ex), requests)
+    fits = {"relative (the fit)": make_cost_model("calibrated", path=args.fit),
+            "absolute (refit)": absolute_refit(args.fit)}
+    steps: list = []
+    real = replay(Engine(config, StepTimes(executor, list(fits.values())), plugins=[Argmax()]), requests, steps)
+    sims = {name: replay(Engine(config, SimulatedExecutor(model)), requests) for name, model in fits.items()}
     print(f"workload: 64 requests (54 x 16 + 10 x 160 output tokens), prompts 16-96 tokens, "
-          f"Poisson {args.rate}/s; fit {args.fit}")
-    print(f"{'E2E':<6} {'real s':>8} {'simulated s':>12} {'error':>7}")
+          f"Poisson {args.rate}/s; fit {args.fit}, least squares on relative errors, and its samples "
+          f"refitted on absolute errors for comparison")
+    print(f"{'E2E':<6} {'least squares':<20} {'real s':>8} {'simulated s':>12} {'error':>7}")
     for name, f in (("mean", statistics.fmean), ("p90", p90)):
-        r, s = f(real), f(sim)
-        print(f"{name:<6} {r:>8.3f} {s:>12.3f} {(s - r) / r:>+7.1%}")
+        for fit_name, sim in sims.items():
+            r, s = f(real), f(sim)
+            print(f"{name:<6} {fit_name:<20} {r:>8.3f} {s:>12.3f} {(s - r) / r:>+7.1%}")
+    print("the real run's steps against each fit's prediction for them (whole Engine.step):")
+    print(f"{'steps':<18} {'count':>6} {'real s':>8} " + " ".join(f"{n.split()[0] + ' s':>10} {'error':>7}" for n in fits))
+    for kind, count, r, ps in step_errors(steps):
+        print(f"{kind:<18} {count:>6} {r:>8.3f} " + " ".join(f"{p:>10.3f} {(p - r) / r:>+7.1%}" for p in ps))
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

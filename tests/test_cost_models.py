@@ -289,3 +289,17 @@ def test_calibrated_errors(tmp_path):
         make_cost_model("calibrated")
     with pytest.raises(ValueError, match="cannot separate"):
         fit_linear([[1.0, 2.0, 2.0], [1.0, 3.0, 3.0], [1.0, 5.0, 5.0]], [1.0, 2.0, 3.0])
+
+
+def test_a_relative_fit_minimises_the_relative_errors():
+    """y ~ b x on the points (1, 1) and (1, 2): absolutely, b = sum(x y) / sum(x^2) = 1.5;
+    relatively, minimising sum((b x / y - 1)^2) gives b = sum(x / y) / sum((x / y)^2) = 1.5 / 1.25
+    = 1.2. R2 stays that of the data as given: 1 - ((0.2)^2 + (0.8)^2) / 0.5 = -0.36."""
+    b, r2 = fit_linear([[1.0], [1.0]], [1.0, 2.0])
+    assert b == pytest.approx([1.5]) and r2 == pytest.approx(0.0)
+    b, r2 = fit_linear([[1.0], [1.0]], [1.0, 2.0], relative=True)
+    assert b == pytest.approx([1.2]) and r2 == pytest.approx(-0.36)
+    # a y of 0 is weighted as the smallest positive y (1): minimising b^2 + (b - 1)^2 + (b / 2 - 1)^2
+    # gives 2.25 b = 1.5
+    b, _ = fit_linear([[1.0], [1.0], [1.0]], [0.0, 1.0, 2.0], relative=True)
+    assert b == pytest.approx([2 / 3])

@@ -49,10 +49,12 @@ class CalibratedCostModel(LinearCostModel):
         """Fit a CSV with columns `prefill_tokens,decode_tokens,duration_s` and optionally
         `context_tokens` (without it, `per_kv_token` is 0); other columns are ignored.
 
-        Ordinary least squares (see `fit_linear`); coefficients are kept at or above 0.
+        Least squares on relative errors (`fit_linear(..., relative=True)`: each step's error
+        divided by its duration, so the many short steps weigh as much as the few long ones);
+        coefficients are kept at or above 0.
         """
         xs, ys = read_step_log(path)
-        coef, r2 = fit_linear(xs, ys)
+        coef, r2 = fit_linear(xs, ys, relative=True)
         coef += [0.0] * (len(FITTED) - len(coef))
         return cls(r2=r2, num_samples=len(ys), source=str(path), per_swap_block=per_swap_block,
                    per_copy_block=per_copy_block, **dict(zip(FITTED, coef)))

@@ -5,18 +5,29 @@ from __future__ import annotations
 import math
 
 
-def fit_linear(xs: list[list[float]], ys: list[float]) -> tuple[list[float], float]:
-    """Least-squares coefficients `b >= 0` of `y ~ x . b`, and the fit's R².
+def fit_linear(xs: list[list[float]], ys: list[float], relative: bool = False) -> tuple[list[float], float]:
+    """Least-squares coefficients `b >= 0` of `y ~ x . b`, and the fit's R² (on `ys` as given).
 
     Solves the normal equations by Gaussian elimination. A column that is all zeros gets 0. When a
     coefficient comes out negative, the most negative one is fixed at 0 and the others are refitted,
     until none is negative.
+
+    `relative`: minimise the squared *relative* errors `((x . b - y) / y)²` (each row weighted by
+    `1 / y`; a `y` at or below 0 counts as the smallest positive one) instead of the absolute
+    ones, so that the many small `y` weigh as much as the few large ones.
     """
+    if relative:
+        floor = min((y for y in ys if y > 0.0), default=1.0)
+        weights = [1.0 / max(y, floor) for y in ys]
+        fit_xs = [[xj * w for xj in x] for x, w in zip(xs, weights)]
+        fit_ys = [y * w for y, w in zip(ys, weights)]
+    else:
+        fit_xs, fit_ys = xs, ys
     k = len(xs[0])
     active = [j for j in range(k) if any(x[j] for x in xs)]
     coef = [0.0] * k
     while active:
-        sol = _least_squares([[x[j] for j in active] for x in xs], ys)
+        sol = _least_squares([[x[j] for j in active] for x in fit_xs], fit_ys)
         worst = min(range(len(active)), key=sol.__getitem__)
         if sol[worst] >= 0.0:
             for j, b in zip(active, sol):
