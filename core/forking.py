@@ -36,7 +36,7 @@ def make_children(parent: Sequence, pool: BlockPool) -> list[Sequence]:
             parent.request_id, parent.token_ids[: parent.num_prompt_tokens], parent.sampling,
             parent.arrival_time, tenant=parent.tenant, priority=parent.priority,
             deadline=parent.deadline, expected_output_tokens=parent.expected_output_tokens,
-            cache_salt=parent.cache_salt, arrival_no=parent.arrival_no,
+            cache_salt=parent.cache_salt, metadata=parent.metadata, arrival_no=parent.arrival_no,
             seq_id=f"{parent.request_id}#{i}", index=i,
         )
         child.block_table = pool.fork(parent.block_table)

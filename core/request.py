@@ -73,6 +73,14 @@ class SamplingParams(BaseModel):
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
+METADATA_MAX_KEYS = 16
+MetadataKey = Annotated[str, Field(min_length=1, max_length=64, strict=True)]
+MetadataValue = Annotated[str, Field(max_length=512, strict=True)] | Annotated[
+    bool, Field(strict=True)] | Annotated[int, Field(strict=True)] | Annotated[
+    float, Field(strict=True, allow_inf_nan=False)]
+"""A `Request.metadata` key and value: OpenAI's limits for strings, plus numbers and booleans."""
+
+
 class Request(BaseModel):
     """One generation request as submitted.
 
@@ -80,6 +88,9 @@ class Request(BaseModel):
     "now" when submitted. `expected_output_tokens`: an optional hint for policies such as SRPT.
     `deadline`: seconds on the engine's clock by which the client wants the request finished.
     `cache_salt`: an extra key for the prefix cache; requests only share KV with the same salt.
+    `metadata`: fields for plugins, passed through unchanged (OpenAI's `metadata`, with its
+    limits: at most `METADATA_MAX_KEYS` keys of 1 to 64 characters; values are strings of at most
+    512 characters, or numbers or booleans), read on the `Sequence` as a read-only mapping.
 
     The limits that depend on the engine (prompt + max_new_tokens <= max_model_len) are checked
     when the request is validated with the engine's config as context (`Engine.add_request`).
@@ -95,6 +106,7 @@ class Request(BaseModel):
     expected_output_tokens: Annotated[int | None, Field(ge=0, strict=True)] = None
     deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
     cache_salt: str | None = Field(default=None, strict=True)
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=METADATA_MAX_KEYS)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
 
     @model_validator(mode="after")

@@ -16,9 +16,14 @@ A running sequence is *prefilling* while more than one of its known tokens lacks
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum, IntEnum
+from types import MappingProxyType
+from typing import Any
 
 from .request import Request, SamplingParams
+
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 class SeqState(IntEnum):
@@ -54,6 +59,7 @@ class Sequence:
 
     - `request_id`, `seq_id` (equal unless `n > 1`, where children are `"<id>#<i>"`), `index`
     - `tenant`, `priority`, `arrival_time`, `deadline`, `expected_output_tokens`, `sampling`
+    - `metadata`: the request's fields for plugins (`Request.metadata`), a read-only mapping
     - `token_ids` (prompt then output), `num_prompt_tokens`, `num_computed_tokens` (tokens whose
       KV is in the cache), `num_output_tokens`, `state`, `finish_reason`
     - `num_preemptions`, `num_cached_prompt_tokens` (prompt tokens served from the prefix cache at
@@ -66,7 +72,7 @@ class Sequence:
 
     __slots__ = (
         "request_id", "seq_id", "index", "tenant", "priority", "arrival_time", "deadline",
-        "expected_output_tokens", "sampling", "cache_salt", "arrival_no",
+        "expected_output_tokens", "sampling", "cache_salt", "metadata", "arrival_no",
         "token_ids", "num_prompt_tokens", "num_computed_tokens", "num_cached_blocks",
         "block_table", "host_table", "state", "finish_reason", "error",
         "num_preemptions", "num_cached_prompt_tokens", "recomputed_tokens", "num_lost_tokens", "admitted_seq_no",
@@ -87,6 +93,7 @@ class Sequence:
         deadline: float | None = None,
         expected_output_tokens: int | None = None,
         cache_salt: str | None = None,
+        metadata: Mapping[str, Any] = _NO_METADATA,
         arrival_no: int = 0,
         seq_id: str | None = None,
         index: int = 0,
@@ -101,6 +108,8 @@ class Sequence:
         self.expected_output_tokens = expected_output_tokens
         self.sampling = sampling
         self.cache_salt = cache_salt
+        self.metadata = (metadata if type(metadata) is MappingProxyType
+                         else MappingProxyType(dict(metadata)) if metadata else _NO_METADATA)
         self.arrival_no = arrival_no
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -143,6 +152,7 @@ class Sequence:
             deadline=request.deadline,
             expected_output_tokens=request.expected_output_tokens,
             cache_salt=request.cache_salt,
+            metadata=request.metadata,
             arrival_no=arrival_no,
         )
 

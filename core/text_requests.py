@@ -9,7 +9,8 @@ A request file is JSONL, one request per line::
 - the prompt: `prompt` (text, encoded by the executor's tokenizer; with `"chat": true` and a
   tokenizer that has a chat template, it is the user message of a one-turn chat and the template
   is applied with the generation prompt) or `prompt_token_ids`, exactly one of them;
-- `id` (default: the line number), `arrival_s` (default 0), `tenant`, `priority`;
+- `id` (default: the line number), `arrival_s` (default 0), `tenant`, `priority`, `metadata`
+  (fields for plugins: `Request.metadata`);
 - the sampling fields of `SamplingParams`: `max_new_tokens`, `temperature`, `top_p`, `top_k`,
   `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`, `seed`, `stop`,
   `stop_token_ids`, `ignore_eos`, `min_tokens`, `n`.
@@ -23,14 +24,15 @@ has neither). Errors name the file, the line and the field.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .hookspecs import hookimpl
-from .request import SamplingParams
+from .request import METADATA_MAX_KEYS, MetadataKey, MetadataValue, SamplingParams
 from .sequence import Sequence
 from .workload_items import Workload, WorkloadError
 
@@ -49,6 +51,7 @@ class _Line(BaseModel):
     arrival_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     tenant: str = Field(default="default", min_length=1)
     priority: int = 0
+    metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=METADATA_MAX_KEYS)
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,6 +65,8 @@ class TextRequestItem:
     sampling: SamplingParams
     tenant: str = "default"
     priority: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Fields for plugins (`Request.metadata`)."""
 
     @property
     def prompt_len(self) -> int:
@@ -83,6 +88,7 @@ class TextRequestItem:
             "prompt_token_ids": list(self.prompt_token_ids),
             "sampling": self.sampling,
             "expected_output_tokens": self.sampling.max_new_tokens if known else None,
+            "metadata": dict(self.metadata),
         }
 
 
@@ -150,7 +156,7 @@ def parse_line(data: Any, where: str, default_id: str, tokenizer: Any = None) ->
     if sampling.stop and tokenizer is None:
         raise WorkloadError(f"{where}: stop: stop strings need a tokenizer and this executor has none")
     rid = default_id if line.id is None else str(line.id)
-    return TextRequestItem(line.arrival_s, rid, tuple(ids), sampling, line.tenant, line.priority)
+    return TextRequestItem(line.arrival_s, rid, tuple(ids), sampling, line.tenant, line.priority, line.metadata)
 
 
 def load_requests(path: str | Path, tokenizer: Any = None) -> list[TextRequestItem]:
@@ -197,7 +203,7 @@ def request_workload(
     if rate_scale != 1.0:
         items = [
             TextRequestItem(it.arrival_s / rate_scale, it.request_id, it.prompt_token_ids, it.sampling,
-                            it.tenant, it.priority)
+                            it.tenant, it.priority, it.metadata)
             for it in items
         ]
     params = {"source": str(path), "rate_scale": rate_scale, "length_scale": 1.0, "max_requests": max_requests}

@@ -213,6 +213,10 @@ class SamplingRecorder:
     def on_arrival(self, seqs):
         self.seen += [s.sampling for s in seqs]
 
+    @hookimpl
+    def on_finished(self, seqs):
+        self.finished = getattr(self, "finished", []) + [(s.seq_id, s.metadata) for s in seqs]
+
 
 def test_every_sampling_field_reaches_the_engine_and_unsupported_features_answer_400_naming_them():
     """The sampling fields of the body arrive on the request's `SamplingParams` as sent (OpenAI's
@@ -245,6 +249,29 @@ def test_every_sampling_field_reaches_the_engine_and_unsupported_features_answer
     assert {k: getattr(first, "max_new_tokens" if k == "max_tokens" else k) for k in sent} == {
         **sent, "stop": ("zz",), "stop_token_ids": (7,)}
     assert len(recorder.seen) == 2
+
+
+def test_metadata_reaches_the_plugins_unchanged_and_its_limits_answer_400():
+    """OpenAI's `metadata` (the `openai` client's own argument) arrives on the `Sequence` of every
+    sample as sent, read-only; OpenAI's limits (16 keys of at most 64 characters, string values of
+    at most 512) answer 400 naming the field."""
+    openai = pytest.importorskip("openai")
+    recorder = SamplingRecorder()
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(), executor, plugins=[recorder])
+    sent = {"slo_class": "interactive", "session": "s-42", "weight": 2, "beta": True, "x" * 64: "y" * 512}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with ServerThread(engine, ServeConfig()) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        client.chat.completions.create(model="sim", messages=chat["messages"], max_tokens=2, n=2, metadata=sent)
+        (rid, parent), (child_id, child) = sorted(recorder.finished)
+        assert child_id == rid + "#1" and dict(parent) == dict(child) == sent
+        with pytest.raises(TypeError):
+            parent["slo_class"] = "batch"  # read-only for plugins
+        url = srv.url + "/v1/chat/completions"
+        for bad in ({"k" * 65: "v"}, {"k": "v" * 513}, {str(i): "v" for i in range(17)}, {"k": [1]}):
+            r = httpx.post(url, json={**chat, "metadata": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"].startswith("metadata"), r.json()
 
 
 def test_an_empty_token_bucket_answers_429_with_retry_after():

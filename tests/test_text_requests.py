@@ -69,6 +69,9 @@ def test_bad_lines_name_the_file_the_line_and_the_field(tmp_path):
         ({"prompt": "hi"}, "prompt: a text prompt needs a tokenizer"),
         ({"prompt_token_ids": [1], "stop": "x"}, "stop: stop strings need a tokenizer"),
         ("[1, 2]", "expected a JSON object, got list"),
+        ({"prompt_token_ids": [1], "metadata": {"k" * 65: "v"}}, "String should have at most 64 characters"),
+        ({"prompt_token_ids": [1], "metadata": {"k": "v" * 513}}, "metadata.k.constrained-str: String should have at most 512"),
+        ({"prompt_token_ids": [1], "metadata": {str(i): 1 for i in range(17)}}, "metadata: Dictionary should have at most 16 items"),
     ]
     for bad, expected in cases:
         path = write(tmp_path, ok, bad)
@@ -179,3 +182,25 @@ def test_a_text_request_file_runs_on_a_model_and_the_outputs_have_the_text(tmp_p
     assert records["eos"]["output_token_ids"] == [*script, tokenizer.eos_token_id]
     assert (records["eos"]["text"], records["eos"]["finish_reason"]) == ("the cat sat on the mat.", "eos")
     assert (records["len"]["text"], records["len"]["finish_reason"]) == ("the cat", "length")
+
+
+def test_a_lines_metadata_reaches_the_plugins_on_each_sample(tmp_path):
+    from metroline import hookimpl
+    from metroline.core.config import EngineConfig
+    from metroline.core.engine import Engine
+
+    class Seen:
+        def __init__(self):
+            self.metadata = {}
+
+        @hookimpl
+        def on_finished(self, seqs):
+            self.metadata.update({s.seq_id: dict(s.metadata) for s in seqs})
+
+    sent = {"slo_class": "batch", "weight": 0.5, "vip": False}
+    items = load_requests(write(tmp_path, {"id": "a", "prompt_token_ids": [1, 2], "max_new_tokens": 2, "n": 2,
+                                           "metadata": sent}, {"id": "b", "prompt_token_ids": [3]}))
+    seen = Seen()
+    engine = Engine(EngineConfig(), plugins=[seen])
+    engine.generate([it.request_data(it.request_id) for it in items])
+    assert seen.metadata == {"a": sent, "a#1": sent, "b": {}}

@@ -128,6 +128,7 @@ class Server:
                 arrival_time=now,  # queued until the step in flight ends: that wait counts in its TTFT
                 deadline=None if body.deadline_s is None else now + body.deadline_s,
                 expected_output_tokens=body.expected_output_tokens, cache_salt=self.tenants.cache_salt(tenant),
+                metadata=body.metadata or {},
                 sampling=SamplingParams(
                     max_new_tokens=max_tokens, min_tokens=body.min_tokens, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, frequency_penalty=body.frequency_penalty,

@@ -2,7 +2,9 @@
 
 Metroline's own fields ride along in the body (the `openai` client sends them with `extra_body`):
 `priority` (lower is more urgent), `deadline_s` (seconds from now), `expected_output_tokens`
-and `stop_token_ids`; they reach the plugins unchanged on the request's `Sequence`.
+and `stop_token_ids`; they reach the plugins unchanged on the request's `Sequence`, and so does
+OpenAI's own `metadata` (string keys and values, numbers and booleans too: `Sequence.metadata`),
+the place for any field a plugin of one's own reads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from ..request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
 
 
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "best_of", "tools", "functions",
@@ -48,6 +52,7 @@ class _Body(BaseModel):
     priority: int | None = None
     deadline_s: float | None = Field(default=None, gt=0.0)
     expected_output_tokens: int | None = Field(default=None, ge=0)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=METADATA_MAX_KEYS)
 
     logprobs: Any = None
     top_logprobs: Any = None
