@@ -274,6 +274,38 @@ def test_metadata_reaches_the_plugins_unchanged_and_its_limits_answer_400():
             assert r.status_code == 400 and r.json()["error"]["param"].startswith("metadata"), r.json()
 
 
+class CachedTokens:
+    name = "cached_tokens"
+
+    def __init__(self) -> None:
+        self.cached: list[tuple[str, int]] = []
+
+    @hookimpl
+    def on_admitted(self, seqs):
+        self.cached += [(s.tenant, s.num_cached_prompt_tokens) for s in seqs]
+
+
+@pytest.mark.parametrize("salted", [True, False])
+def test_a_tenant_gets_no_prefix_hits_on_another_tenants_prompt_unless_salting_is_off(salted):
+    """Alpha sends a 140-byte message, then alpha and beta send it again, one after the other. Alpha's
+    repeat hits the prefix cache for its full blocks; beta's, with the per-tenant salt (the default
+    with several tenants), computes the whole prompt, so its time to first token cannot tell it
+    whether alpha sent that prompt. With `cache_salt = false` beta hits alpha's blocks too."""
+    seen = CachedTokens()
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(block_size=16), executor, plugins=[seen])
+    body = {"messages": [{"role": "user", "content": "secret " * 20}], "max_tokens": 2}
+    serve = ServeConfig(tenants=TENANTS, **({} if salted else {"cache_salt": False}))
+    with ServerThread(engine, serve) as srv:
+        url = srv.url + "/v1/chat/completions"
+        for key in ("key-a", "key-a", "key-b"):
+            assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    prompt = len(chat_prompt(body["messages"][0]["content"]))
+    full = (prompt - 1) // 16 * 16  # the full blocks before the last prompt token, which is always computed
+    assert (prompt, full) == (140 + 17, 144)  # the template adds 17 bytes (see the test above)
+    assert seen.cached == [("alpha", 0), ("alpha", full), ("beta", 0 if salted else full)]
+
+
 def test_an_empty_token_bucket_answers_429_with_retry_after():
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
     options = {"tenant_quota": {"token_rate": {"alpha": 1}, "burst": 100}}
