@@ -22,6 +22,11 @@ each hand-off (one monotonic clock for both processes):
     inside the app       handler -> engine plus token -> written: the part spent in the app's own
                          code and event loop, without the kernel, uvicorn's accept and the client
 
+`--weights alpha=1,beta=2 --closed K --max-num-seqs N`: weighted_fair with those weights, each
+tenant saturating the server with K closed-loop clients (each sends its next request when its last
+one ends); prints, for each `--window` (10 s) while both had requests waiting, the tokens each was
+served and their ratio against the weights'.
+
 The server and the clients are pinned to separate halves of the CPUs (`--no-pin`: not), as if the
 clients ran on another host: see `_split_cpus`.
 
@@ -113,12 +118,30 @@ async def _one(url: str, tenant: str, body: dict, hang_up_after: int | None, out
                 "tokens": tokens, "hung_up": hang_up_after is not None})
 
 
-async def _clients(url: str, rate: float, duration: float, max_clients: int, disconnect: float, seed: int) -> dict:
+def _body(rng: random.Random) -> dict:
+    """A short streaming chat: a prompt of 5..39 words, 8..47 tokens."""
+    return {"messages": [{"role": "user", "content": "hi " * rng.randrange(5, 40)}],
+            "max_tokens": rng.randrange(8, 48), "stream": True, "temperature": 0}
+
+
+async def _closed_loop(url: str, tenant: str, end: float, rng: random.Random, out: list) -> None:
+    """One client that sends its next request as soon as the last one ends, until `end`."""
+    while time.monotonic() < end:
+        await _one(url, tenant, _body(rng), None, out)
+
+
+async def _clients(url: str, rate: float, duration: float, max_clients: int, disconnect: float, seed: int,
+                   tenants: list[str], closed: int = 0) -> dict:
     rng = random.Random(seed)
     out: list[dict] = []
     dropped = 0
     tasks: set[asyncio.Task] = set()
     t0 = time.monotonic()
+    if closed:  # `closed` clients per tenant, each always with one request in flight
+        loops = [_closed_loop(url, t, t0 + duration, random.Random(f"{seed}-{t}-{i}"), out)
+                 for t in tenants for i in range(closed)]
+        await asyncio.wait_for(asyncio.gather(*loops), timeout=duration + 120)
+        return {"results": out, "dropped": 0, "wall": time.monotonic() - t0, "cpu": time.process_time()}
     next_at = t0
     while next_at < t0 + duration:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -127,9 +150,8 @@ async def _clients(url: str, rate: float, duration: float, max_clients: int, dis
         if len(tasks) >= max_clients:
             dropped += 1
             continue
-        tenant = rng.choice(list(TENANTS))
-        body = {"messages": [{"role": "user", "content": "hi " * rng.randrange(5, 40)}],
-                "max_tokens": rng.randrange(8, 48), "stream": True, "temperature": 0}
+        tenant = rng.choice(tenants)
+        body = _body(rng)
         hang = rng.randrange(1, 4) if rng.random() < disconnect else None
         tasks.add(asyncio.create_task(_one(url, tenant, body, hang, out)))
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
@@ -193,6 +215,15 @@ def main() -> None:
     ap.add_argument("--cost-model", default="linear", help="the simulated executor's cost model")
     ap.add_argument("--max-waiting", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", default=None, help="the engine's policy (default fcfs; weighted_fair with --weights)")
+    ap.add_argument("--weights", default=None, metavar="T=W,...",
+                    help="weighted_fair's tenant weights, e.g. alpha=1,beta=2: only these tenants send, and the "
+                         "tokens each was served are printed per --window while both had requests waiting")
+    ap.add_argument("--window", type=float, default=10.0, help="seconds of a fairness window (with --weights)")
+    ap.add_argument("--closed", type=int, default=0, metavar="K",
+                    help="instead of Poisson arrivals, K clients per tenant, each sending its next request as soon "
+                         "as its last one ends (every tenant saturating the server: with --weights); no hang-ups")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="the engine's batch slots (default 256)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to separate CPUs")
     args = ap.parse_args()
     duration, max_clients = min(args.duration, 120.0), min(args.max_clients, 1024)
@@ -204,9 +235,16 @@ def main() -> None:
     from metroline.executors.realtime import RealtimeExecutor
     from metroline.executors.simulated import SimulatedExecutor
 
-    recorder = EngineTTFT()
+    weights = _weights(args.weights)
+    tenants = list(weights or TENANTS)
+    fields: dict = {"policy": args.policy or ("weighted_fair" if weights else "fcfs")}
+    if weights:
+        fields["plugin_options"] = {"weighted_fair": {"weights": weights}}
+    if args.max_num_seqs:
+        fields["max_num_seqs"] = args.max_num_seqs
+    recorder, served = EngineTTFT(), Served()
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model(args.cost_model)))
-    engine = make_engine(EngineConfig(), executor, plugins=[recorder])
+    engine = make_engine(EngineConfig(**fields), executor, plugins=[recorder, served])
     serve = ServeConfig(max_waiting=args.max_waiting,
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
     load_before = os.getloadavg()[0]
@@ -220,7 +258,8 @@ def main() -> None:
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
             {"rate": args.rate, "duration": duration, "max_clients": max_clients,
-             "disconnect": args.disconnect, "seed": args.seed}, child, client_cpus))
+             "disconnect": args.disconnect, "seed": args.seed, "tenants": tenants, "closed": args.closed},
+            child, client_cpus))
         proc.start()
         doc = parent.recv()
         proc.join(30)
@@ -250,7 +289,8 @@ def main() -> None:
         legs["  written -> client"].append(r["times"][0] - (t0 + written))
         legs["  inside the app"].append(arrival - started + written - (arrival + first))
     overhead = legs["server overhead"]
-    print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({args.rate:g}/s asked), "
+    asked = f"{args.closed} closed-loop clients per tenant" if args.closed else f"{args.rate:g}/s asked"
+    print(f"arrivals {len(results) + doc['dropped']} in {duration:.0f} s ({asked}), "
           f"wall {doc['wall']:.1f} s, completed {sum(not r['hung_up'] for r in ok)}, "
           f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
@@ -265,10 +305,72 @@ def main() -> None:
     if ttft:
         print(f"server overhead / client TTFT: p50 {pct(overhead, 50) / pct(ttft, 50):.1%}, "
               f"p99 {pct(overhead, 99) / pct(ttft, 99):.1%}")
-    for tenant in TENANTS:
+    for tenant in tenants:
         toks = sum(r["tokens"] for r in ok if r["tenant"] == tenant)
         print(f"tenant {tenant:<6} {toks / doc['wall']:8.1f} tokens/s  "
               f"{sum(1 for r in ok if r['tenant'] == tenant)} streams")
+    if weights:
+        _print_shares(served, weights, args.window, duration)
+
+
+def _weights(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    weights = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name not in TENANTS or not value:
+            raise SystemExit(f"--weights: {part!r}: give TENANT=WEIGHT with TENANT one of {', '.join(TENANTS)}")
+        weights[name] = float(value)
+    return weights
+
+
+class Served:
+    """Records every ended request (a plugin: `on_finished`), for the fairness windows."""
+
+    name = "served"
+
+    def __init__(self) -> None:
+        from metroline.core.metrics import MetricsCollector
+
+        self.records = MetricsCollector(1)
+
+    from metroline.core.hookspecs import hookimpl
+
+    @hookimpl
+    def on_finished(self, seqs) -> None:
+        for seq in seqs:
+            self.records.record_finished(seq)
+
+
+def _print_shares(served: Served, weights: dict[str, float], window: float, duration: float) -> None:
+    """Per window of `window` seconds within the arrivals (`duration` seconds from the first) in which
+    every weighted tenant had requests waiting: the tokens each was served (prompt and output, as
+    the engine made them) and their ratio against the weights' (weighted_fair's service: prompt
+    tokens at 1, output tokens at 2)."""
+    from metroline.core.metrics import fairness
+
+    records = served.records.requests
+    start = min(r.arrival_s for r in records)
+    doc = fairness(records, window_s=window, w_in=1.0, w_out=2.0, weights=weights)
+    names = sorted(weights, key=weights.get)
+    low, high = names[0], names[-1]
+    want = weights[high] / weights[low]
+    print(f"fairness windows of {window:g} s while both tenants were backlogged: tokens served "
+          f"{high}/{low} against {want:g} (weighted service in brackets)")
+    worst = 0.0
+    for w in doc["windows"]:
+        if w["end_s"] - w["start_s"] < window - 1e-9 or w["end_s"] > start + duration:
+            continue  # the last window is cut; the drain after the arrivals is not a contest
+        if not set(weights) <= set(w["backlogged"]):
+            continue
+        toks = {t: w["input"][t] + w["output"][t] for t in names}
+        ratio = toks[high] / toks[low] if toks[low] else float("inf")
+        service = w["service"][high] / w["service"][low] if w["service"][low] else float("inf")
+        worst = max(worst, abs(ratio / want - 1))
+        print(f"  [{w['start_s'] - start:6.1f}, {w['end_s'] - start:6.1f}) s  {low} {toks[low]:7d}  "
+              f"{high} {toks[high]:7d}  ratio {ratio:5.3f} ({service:5.3f})  off by {ratio / want - 1:+.1%}")
+    print(f"largest deviation from {want:g}: {worst:.1%}")
 
 
 if __name__ == "__main__":
