@@ -18,6 +18,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
+import sys
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -77,10 +79,14 @@ def resolve(spec: str) -> Any:
 
 def import_dotted(path: str, label: str, error: type[Exception] = PluginLoadError, hint: str = "") -> Any:
     """The object `pkg.mod:attr.sub` names (or the module, without `:`). A failure is one `error`
-    starting with `label` (`"plugin 'x'"`, `"executor 'y'"`); `hint` follows an import error."""
+    starting with `label` (`"plugin 'x'"`, `"executor 'y'"`); `hint` follows an import error.
+
+    A top-level module found nowhere on `sys.path` is looked for in the current folder too, last
+    (as `python -m` would have put it first): `metroline run --policy hrrn:HRRN` run next to
+    `hrrn.py` loads it. An installed module of the same name still wins."""
     module_name, _, attr = path.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj = _import_here_too(module_name)
     except ImportError as exc:
         raise error(f"{label}: cannot import {module_name!r}: {exc}{hint}") from exc
     except Exception as exc:  # the module raised while importing (SyntaxError included)
@@ -91,6 +97,23 @@ def import_dotted(path: str, label: str, error: type[Exception] = PluginLoadErro
         except AttributeError:
             raise error(f"{label}: {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _import_here_too(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        if exc.name != module_name.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)  # kept when found: later imports of its submodules need it
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as again:
+            if again.name == exc.name:
+                sys.path.remove(here)
+                raise exc from None
+            raise
 
 
 def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, Any]:

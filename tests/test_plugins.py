@@ -537,3 +537,30 @@ def test_a_name_like_no_plugin_gets_no_guess():
     with pytest.raises(PluginLoadError) as info:
         PluginManager(EngineConfig(policy="zzzzzz"))
     assert "did you mean" not in str(info.value)
+
+
+def test_a_dotted_path_finds_a_module_in_the_current_folder_last(tmp_path, monkeypatch):
+    """A module on no `sys.path` entry is looked for in the current folder (what `python -m`
+    gives and the `metroline` script does not); a module found nowhere leaves `sys.path` as it was
+    and names itself; one that imports a missing module names that one."""
+    from metroline.core.plugin_loader import resolve
+
+    (tmp_path / "here_policy_xyz.py").write_text(textwrap.dedent("""
+        from metroline.policies.fcfs import FCFS
+
+        class Mine(FCFS):
+            name = "mine"
+    """))
+    (tmp_path / "broken_here_xyz.py").write_text("import not_installed_anywhere_xyz\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for name in ("here_policy_xyz", "broken_here_xyz"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    before = list(sys.path)
+    with pytest.raises(PluginLoadError, match="cannot import 'nowhere_xyz': No module named 'nowhere_xyz'"):
+        resolve("nowhere_xyz:P")
+    assert sys.path == before
+    assert resolve("here_policy_xyz:Mine").__name__ == "Mine"
+    assert sys.path == before + [str(tmp_path)]
+    with pytest.raises(PluginLoadError, match="No module named 'not_installed_anywhere_xyz'"):
+        resolve("broken_here_xyz:P")
