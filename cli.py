@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from .core.commands.compare import POLICIES, cmd_compare
-from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, ray_flag, run_flags, slo_flag, sweep_flags
+from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, ray_flag, run_flags, serve_flags, slo_flag, sweep_flags
 from .core.commands.generate import cmd_generate
 from .core.commands.listing import cmd_plugins, cmd_workloads
 from .core.commands.options import RUN_KEYS, fit_config, resolve_options
@@ -82,15 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("workloads", help="list the built-in workloads")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
     engine_flags(serve)
-    serve.add_argument("--model", help="the model to serve (with --executor sim: only the name /v1/models lists)")
-    serve.add_argument("--executor", choices=("sim", "torch"), help="sim (default): the cost model in real time")
-    serve.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"))
-    serve.add_argument("--step-time", type=float, help="seconds per step of the steps cost model (default 0.01)")
-    serve.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE")
-    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8000)")
-    serve.add_argument("--max-waiting", type=int, help="answer 429 past this many waiting requests")
-    serve.add_argument("--ramp-s", type=float, help="cold start: reach max_num_seqs in flight over this many seconds")
+    serve_flags(serve)
     generate = sub.add_parser("generate", help="generate text from prompts with a real model, streamed")
     generate_flags(generate)
     calibrate = sub.add_parser("calibrate", help="time a real model over batch shapes and fit the simulator's "

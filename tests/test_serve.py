@@ -516,6 +516,29 @@ def test_the_example_serve_config_loads_and_a_bad_one_is_a_one_line_error(tmp_pa
     assert "tenants.b.api_keys: key already given to tenant 'a'" in capsys.readouterr().err
 
 
+def test_every_serve_flag_reaches_the_server_config_over_the_config_file(tmp_path, capsys):
+    from metroline.cli import build_parser, main
+    from metroline.core.commands.serve import SERVE_KEYS, serve_setup
+
+    path = tmp_path / "serve.toml"
+    path.write_text('[serve]\nport = 9000\nbuffer_tokens = 64\ndrain_s = 1.0\n')
+    flags = ["--host", "0.0.0.0", "--port", "8123", "--max-waiting", "7", "--ramp-s", "2.5", "--buffer-tokens",
+             "32", "--stall-timeout", "4", "--default-max-tokens", "9", "--drain-s", "3", "--no-cache-salt",
+             "--model", "m"]
+    config, serve, executor = serve_setup(build_parser().parse_args(["serve", "--config", str(path), *flags]))
+    assert {k: getattr(serve, k) for k in SERVE_KEYS} == {
+        "model": "m", "host": "0.0.0.0", "port": 8123, "max_waiting": 7, "ramp_s": 2.5, "buffer_tokens": 32,
+        "stall_timeout": 4.0, "default_max_tokens": 9, "drain_s": 3.0, "cache_salt": False}
+    _, serve, _ = serve_setup(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert (serve.port, serve.buffer_tokens, serve.drain_s, serve.cache_salt) == (9000, 64, 1.0, None)
+    assert executor.name == "sim"
+    # the torch executor's options are refused on the simulator, by name
+    assert main(["serve", "--device", "cuda"]) == 2
+    assert "--device applies to --executor torch, not sim" in capsys.readouterr().err
+    assert main(["serve", "--buffer-tokens", "0"]) == 2
+    assert "buffer_tokens" in capsys.readouterr().err
+
+
 def test_stop_strings_on_stand_in_text_cut_the_text_and_end_the_request():
     prompt = [3, 1, 4, 1, 5]
     tokens = alone(prompt, 10)

@@ -69,6 +69,51 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="log every request transition on stderr, tagged with the policy (default: off)")
 
 
+def torch_flags(p: argparse.ArgumentParser) -> None:
+    """The torch executor's options of `run`, `compare` and `serve`."""
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="torch executor: weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", help="torch executor: cpu, cuda, cuda:N (default cuda when available)")
+    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
+                   help="torch executor: the KV budget that sizes the pool when --num-blocks is not given "
+                   "(default 85%% of the free GPU memory; on CPU 1 GB, at most a quarter of the RAM)")
+
+
+def serve_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `serve` beyond the engine's (`ServeConfig`; a config file's `[serve]` table
+    gives them too, the flags win)."""
+    from ..serving.tenants import ServeConfig
+
+    def default(key: str) -> str:
+        return f"(default {ServeConfig.model_fields[key].default})"
+
+    p.add_argument("--model", help="the model to serve (with --executor sim: only the name /v1/models lists)")
+    p.add_argument("--executor", choices=("sim", "torch"), help="sim (default): the cost model in real time")
+    torch_flags(p)
+    p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"),
+                   help="sim executor: how long a step takes (default roofline)")
+    p.add_argument("--step-time", type=float, metavar="S", help="seconds per step of the steps cost model (default 0.01)")
+    p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
+                   help="a cost model parameter, e.g. gpu=H100 (repeatable; default: the cost model's own)")
+    p.add_argument("--host", help=f"address to listen on {default('host')}")
+    p.add_argument("--port", type=int, help=f"port {default('port')}")
+    p.add_argument("--max-waiting", type=int, metavar="N",
+                   help="answer 429 at once past N waiting requests (default: no bound)")
+    p.add_argument("--ramp-s", type=float, metavar="S",
+                   help=f"cold start: reach max_num_seqs in flight over S seconds {default('ramp_s')}")
+    p.add_argument("--buffer-tokens", type=int, metavar="N",
+                   help=f"pause a stream whose reader is N tokens behind {default('buffer_tokens')}")
+    p.add_argument("--stall-timeout", type=float, metavar="S",
+                   help=f"cancel a stream paused for S seconds {default('stall_timeout')}")
+    p.add_argument("--default-max-tokens", type=int, metavar="N",
+                   help=f"max_tokens of a request that gives none {default('default_max_tokens')}, "
+                   "within max_model_len")
+    p.add_argument("--drain-s", type=float, metavar="S",
+                   help=f"on SIGTERM, let streams finish for S seconds, then cancel them {default('drain_s')}")
+    p.add_argument("--cache-salt", action=argparse.BooleanOptionalAction, default=None,
+                   help="a prefix-cache salt per tenant (default: on with several tenants)")
+
+
 def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     """The run options (`RunOptions`) and output files of `run` and `compare`."""
     p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json "
@@ -77,12 +122,7 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    f"paged KV; or an entry point of metroline.executors, or pkg.mod:factory {_default('executor')}")
     p.add_argument("--model", help="torch executor: a model folder, a .gguf file or a known name (smollm2) "
                    "(default: none)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="torch executor: weights and KV dtype (default float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--device", help="torch executor: cpu, cuda, cuda:N (default cuda when available)")
-    p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
-                   help="torch executor: the KV budget that sizes the pool when --num-blocks is not given "
-                   "(default 85%% of the free GPU memory; on CPU 1 GB, at most a quarter of the RAM)")
+    torch_flags(p)
     p.add_argument("--cost-model", choices=("steps", "linear", "roofline", "calibrated"),
                    help=f"how long a simulated step takes {_default('cost_model')}; roofline is llama-3-8b on "
                    "an A100 unless --cost-param model=/gpu= say otherwise; steps counts steps, for teaching")
