@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,8 +31,9 @@ from .engine import Engine, RequestOutput
 from .request import Request
 from .sequence import FinishReason
 from .serving.backpressure import Backpressure
-from .serving.streams import Choice, Rejected, RequestStream
+from .serving.streams import Choice, Rejected, RequestStream, request_end
 
+_yield_cpu = getattr(os, "sched_yield", lambda: None)
 _SPIN = 0.001  # seconds before a step's end at which the loop stops sleeping on a timer (`_step`)
 
 __all__ = ["AsyncEngine", "Choice", "Rejected", "RequestStream"]
@@ -213,7 +215,7 @@ class AsyncEngine:
         wake = []
         for stream in (*firsts.values(), *(s for rid, s in touched.items() if rid not in firsts)):
             if not stream._live:
-                self._end(stream, _request_end(stream.choices), stream.error)
+                self._end(stream, request_end(stream.choices), stream.error)
             else:
                 if stream.unread >= limit and stream.request_id not in bp.paused:
                     bp.pause(stream.request_id, self.engine.executor.now(), self.stall_timeout)
@@ -230,6 +232,10 @@ class AsyncEngine:
             stream._event.set()
         if firsts:
             await asyncio.sleep(0)
+            # the writes wake their readers with a hint that this thread is about to block, so
+            # Linux may queue a reader on this CPU; the loop goes on working (the other streams,
+            # the next step), so give the CPU up once now (a no-op when nothing else waits for it)
+            _yield_cpu()
         for stream in wake[firsts:]:
             stream._event.set()
 
@@ -289,12 +295,3 @@ class AsyncEngine:
         return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
                 "paused": len(self.backpressure.paused), "pauses": self.pauses}
 
-
-def _request_end(choices: list[Choice]) -> FinishReason:
-    """A request's end from its samples' ends: failed if one failed, else cancelled if one was,
-    else the first sample's (stop, eos, length: each sample keeps its own)."""
-    reasons = {c.finish_reason for c in choices}
-    for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
-        if bad in reasons:
-            return bad
-    return choices[0].finish_reason or FinishReason.FAILED

@@ -85,3 +85,13 @@ class RequestStream:
         while not self.finished:
             await self.wait()
         return self.tokens
+
+
+def request_end(choices: list[Choice]) -> FinishReason:
+    """A request's end from its samples' ends: failed if one failed, else cancelled if one was,
+    else the first sample's (stop, eos, length: each sample keeps its own)."""
+    reasons = {c.finish_reason for c in choices}
+    for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
+        if bad in reasons:
+            return bad
+    return choices[0].finish_reason or FinishReason.FAILED
