@@ -202,7 +202,7 @@ class AsyncEngine:
             (firsts if not choice.tokens and seq.index == 0 else touched)[out.request_id] = stream
             if out.new_token_ids:
                 choice.tokens.extend(out.new_token_ids)
-                choice.text = seq.text
+                choice.text, choice.logprobs = seq.text, seq.logprobs
                 stream.unread += len(out.new_token_ids)
             if out.finished:
                 choice.finish_reason = seq.finish_reason or FinishReason.FAILED

@@ -12,6 +12,7 @@ from .config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import NoProgressError, PluginError
 from .forking import with_rows
+from .logprobs import record_logprobs
 from .intake import Intake, validation_context
 from .metrics import MetricsCollector
 from .outputs import Appender, RequestOutput
@@ -39,8 +40,7 @@ class Engine(Intake):
     `metroline.executors`, or `pkg.mod:factory`) built with its defaults; None is `"sim"`. An
     executor with a `bind(config)` method is bound to this engine's pool geometry here.
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
-    `eos_token_id`: the model's end-of-sequence token (default: the executor's `eos_token_id`;
-    None: no EOS, as in simulation).
+    `eos_token_id`: the model's EOS token (default: the executor's; None: no EOS, as in simulation).
     An executor with a `tokenizer` attribute gets its outputs detokenised as they grow
     (`out.text`, `seq.text`) and its requests' `stop` strings applied; without one, a request
     with stop strings is refused.
@@ -219,8 +219,8 @@ class Engine(Intake):
                     del requests[seq.request_id]
 
     def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
-        """Sample the next token of each of the plan's `sample_seqs` (then of the samples forked in
-        this step, from their parents' rows), append it, check the stop conditions, stream."""
+        """Sample the next token of the plan's `sample_seqs` and this step's forks (from their parents'
+        rows), record logprobs asked for, append the tokens, check the stop conditions, stream."""
         seqs = plan.sample_seqs
         if plan.forked:
             seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
@@ -231,6 +231,7 @@ class Engine(Intake):
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
         if problem is not None:
             raise self.plugins.invalid("sample", problem)
+        record_logprobs(seqs, logits, tokens)
         self._appender.append(seqs, tokens, now, outputs)
         if hook.on_tokens.get_hookimpls():
             hook.on_tokens(ctx=ctx, seqs=seqs)

@@ -34,6 +34,10 @@ class SamplingParams(BaseModel):
       `ignore_eos` (EOS only). Before `min_tokens` output tokens, EOS and the stop token ids are
       never sampled and no stop condition applies.
     - `n > 1` asks for several completions of one prompt; they share the prompt's KV blocks.
+    - `logprobs = k` (0 to 20) records, for every output token, its log-probability and the `k`
+      most likely tokens with theirs, from the model's raw logits (before temperature, penalties
+      and filters, as vLLM's default): `Sequence.logprobs`. It needs an executor that produces
+      logits (a real model); the simulated one records nothing.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -53,6 +57,7 @@ class SamplingParams(BaseModel):
     ignore_eos: Annotated[bool, Field(strict=True)] = False
     min_tokens: Annotated[int, Field(ge=0, strict=True)] = 0
     n: Annotated[int, Field(ge=1, strict=True)] = 1
+    logprobs: Annotated[int | None, Field(ge=0, le=20, strict=True)] = None
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -66,6 +66,8 @@ class Sequence:
       the first admission), `admitted_seq_no` (a counter stamped at each admission: larger is later)
     - timestamps on the engine's clock: `first_scheduled_time`, `prefill_done_time`,
       `first_token_time`, `finish_time` (None until they happen), `token_times`.
+    - `logprobs` (with `sampling.logprobs = k`, else None): one `(logprob, top)` per output token,
+      `top` the `k` most likely `(token, logprob)` pairs, from the raw logits.
     - `text`: the detokenised output so far, cut before a stop string (None when the engine has
       no tokenizer); its incremental state is `detok`.
     """
@@ -78,7 +80,7 @@ class Sequence:
         "num_preemptions", "num_cached_prompt_tokens", "recomputed_tokens", "num_lost_tokens", "admitted_seq_no",
         "first_scheduled_time", "prefill_done_time", "first_token_time", "finish_time",
         "token_times", "parent", "children", "detok",
-        "max_computed", "stalls", "stall_mark",
+        "max_computed", "stalls", "stall_mark", "logprobs",
     )
 
     def __init__(
@@ -139,6 +141,8 @@ class Sequence:
         self.max_computed = 0
         self.stalls = 0
         self.stall_mark = -1
+        self.logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = (
+            [] if sampling.logprobs is not None else None)
 
     @classmethod
     def from_request(cls, request: Request, arrival_time: float, arrival_no: int) -> Sequence:

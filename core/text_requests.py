@@ -13,7 +13,8 @@ A request file is JSONL, one request per line::
   (fields for plugins: `Request.metadata`);
 - the sampling fields of `SamplingParams`: `max_new_tokens`, `temperature`, `top_p`, `top_k`,
   `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`, `seed`, `stop`,
-  `stop_token_ids`, `ignore_eos`, `min_tokens`, `n`.
+  `stop_token_ids`, `ignore_eos`, `min_tokens`, `n`, `logprobs` (a real model: the outputs file
+  then has each token's log-probability and its `logprobs` top alternatives).
 
 A line with a `prompt` or `prompt_token_ids` key marks a file as a request file (a Mooncake trace
 has neither). Errors name the file, the line and the field.
@@ -213,7 +214,8 @@ def request_workload(
 def output_record(seq: Sequence) -> dict[str, Any]:
     """The outputs-file line of a finished sequence: `id`, `index` (for `n > 1` only),
     `prompt_token_ids`, `output_token_ids`, `text` (None without a tokenizer), `finish_reason`
-    (and `error` when it failed)."""
+    (and `error` when it failed; `logprobs` when the line asked for them: per output token
+    `[logprob, [[token, logprob], ...]]`)."""
     record: dict[str, Any] = {"id": seq.request_id}
     if seq.sampling.n > 1:
         record["index"] = seq.index
@@ -225,6 +227,8 @@ def output_record(seq: Sequence) -> dict[str, Any]:
     )
     if seq.error:
         record["error"] = seq.error
+    if seq.logprobs is not None:
+        record["logprobs"] = [[lp, [list(t) for t in top]] for lp, top in seq.logprobs]
     return record
 
 

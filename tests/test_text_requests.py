@@ -204,3 +204,17 @@ def test_a_lines_metadata_reaches_the_plugins_on_each_sample(tmp_path):
     engine = Engine(EngineConfig(), plugins=[seen])
     engine.generate([it.request_data(it.request_id) for it in items])
     assert seen.metadata == {"a": sent, "a#1": sent, "b": {}}
+
+
+def test_the_outputs_line_carries_the_logprobs_a_request_asked_for():
+    from metroline.core.request import Request
+    from metroline.core.sequence import Sequence
+    from metroline.core.text_requests import output_record
+
+    asked = Sequence.from_request(Request(request_id="a", prompt_token_ids=[1], sampling=SamplingParams(logprobs=1)),
+                                  0.0, 0)
+    asked.token_ids.append(7)
+    asked.logprobs.append((-0.5, ((7, -0.5),)))
+    assert output_record(asked)["logprobs"] == [[-0.5, [[7, -0.5]]]]
+    plain = Sequence.from_request(Request(request_id="b", prompt_token_ids=[1]), 0.0, 0)
+    assert plain.logprobs is None and "logprobs" not in output_record(plain)

@@ -109,6 +109,9 @@ class Server:
         if body.model is not None and body.model != self.serve.model:
             raise self._refuse(tenant, "invalid", 404, f"model {body.model!r} does not exist; this server "
                                f"serves {self.serve.model!r}", "invalid_request_error", "model", "model_not_found")
+        if body.logprobs_k is not None and getattr(self.engine.executor, "name", "") == "sim":
+            raise self._refuse(tenant, "invalid", 400, "logprobs need a model's logits: the simulated executor "
+                               "has none", "invalid_request_error", "logprobs")
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise self._refuse(tenant, "priority", 429, problem, "rate_limit_error", "priority")
@@ -132,7 +135,8 @@ class Server:
                 sampling=SamplingParams(
                     max_new_tokens=max_tokens, min_tokens=body.min_tokens, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, frequency_penalty=body.frequency_penalty,
-                    presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty, seed=body.seed, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
+                    presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty, seed=body.seed,
+                    logprobs=body.logprobs_k, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
                     stop=() if body.stop is None else body.stop, n=body.n,
                 ),
             ))
@@ -188,7 +192,7 @@ class Server:
         if stream.finish_reason is FinishReason.CANCELLED:
             return error(503, "the request was cancelled (server shutting down)", "server_error")
         use = p.usage(len(request.prompt_token_ids), stream.num_output_tokens)
-        return JSONResponse(shapes.response(final_texts(stream, self.tokenizer), use))
+        return JSONResponse(shapes.response(final_texts(stream, self.tokenizer, chat), use))
 
     async def models(self, http: HTTPRequest) -> Response:
         card = {"id": self.serve.model, "object": "model", "created": 0, "owned_by": "metroline"}

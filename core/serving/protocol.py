@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ..request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
 
 
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "best_of", "tools", "functions",
+UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions",
                "response_format")
 """OpenAI fields this server does not implement: a request that asks for one (a value other than
 null, false, 0, empty or, for `response_format`, `{"type": "text"}`) answers 400 naming it rather
@@ -54,8 +54,6 @@ class _Body(BaseModel):
     expected_output_tokens: int | None = Field(default=None, ge=0)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=METADATA_MAX_KEYS)
 
-    logprobs: Any = None
-    top_logprobs: Any = None
     echo: Any = None
     suffix: Any = None
     logit_bias: Any = None
@@ -92,10 +90,56 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """`SamplingParams.logprobs`: the top alternatives to return, None for no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionBody(_Body):
     prompt: str | list[int] = Field(min_length=1)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @property
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
+
+
+def token_text(tokenizer: Any, token: int) -> str:
+    """One token's text as the logprobs show it."""
+    return tokenizer.decode([token])
+
+
+def logprobs_body(chat: bool, entries: list, tokenizer: Any, offset: int = 0) -> dict:
+    """OpenAI's `logprobs` of a chunk or a choice from `Sequence.logprobs` entries: chat's
+    `{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`, a completion's `{"tokens",
+    "token_logprobs", "top_logprobs", "text_offset"}` (offsets from `offset` characters into the
+    text)."""
+    def item(token: int, lp: float) -> dict:
+        text = token_text(tokenizer, token)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    if chat:
+        return {"content": [{**item(tok, lp), "top_logprobs": [item(t, v) for t, v in top]}
+                            for tok, (lp, top) in entries]}
+    tokens = [token_text(tokenizer, tok) for tok, _ in entries]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [lp for _, (lp, _) in entries],
+            "top_logprobs": [{token_text(tokenizer, t): v for t, v in top} for _, (_, top) in entries],
+            "text_offset": offsets}
 
 
 def field_of(exc: ValidationError) -> str:
@@ -172,16 +216,16 @@ class Shapes:
         return f'{self._head_json}{index},"text":{_quote(text)},"logprobs":null,"finish_reason":null}}]}}\n\n'
 
     def chunk(self, text: str, finish_reason: str | None = None, first: bool = False, use: dict | None = None,
-              index: int = 0) -> dict:
+              index: int = 0, logprobs: dict | None = None) -> dict:
         body = self._head(True)
         if self.chat:
             delta: dict[str, Any] = {}
             if first:
                 delta["role"] = "assistant"
             delta["content"] = text
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         body["choices"] = [choice]
         if use is not None:
             body["usage"] = use
@@ -190,19 +234,19 @@ class Shapes:
     def usage_chunk(self, use: dict) -> dict:
         return {**self._head(True), "choices": [], "usage": use}
 
-    def response(self, choices: list[tuple[str, str]], use: dict) -> dict:
-        """The whole (not streamed) answer: one (text, finish reason) per choice."""
+    def response(self, choices: list[tuple[str, str, dict | None]], use: dict) -> dict:
+        """The whole (not streamed) answer: one (text, finish reason, logprobs) per choice."""
         body = self._head(False)
         if self.chat:
             body["choices"] = [
-                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                  "finish_reason": reason}
-                for i, (text, reason) in enumerate(choices)
+                for i, (text, reason, lp) in enumerate(choices)
             ]
         else:
             body["choices"] = [
-                {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-                for i, (text, reason) in enumerate(choices)
+                {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
+                for i, (text, reason, lp) in enumerate(choices)
             ]
         body["usage"] = use
         return body

@@ -31,7 +31,7 @@ class ChoiceText:
     itself), else the server tokenizer's decoding of its tokens; while the choice runs, the last
     `hold` characters (they may begin a stop string) and a trailing incomplete character wait."""
 
-    __slots__ = ("choice", "tokenizer", "hold", "sent", "first", "done")
+    __slots__ = ("choice", "tokenizer", "hold", "sent", "first", "done", "lp_sent", "lp_offset")
 
     def __init__(self, choice: Choice, tokenizer: Any, hold: int) -> None:
         self.choice = choice
@@ -40,6 +40,8 @@ class ChoiceText:
         self.sent = 0
         self.first = True
         self.done = False
+        self.lp_sent = 0  # tokens whose logprobs went out
+        self.lp_offset = 0  # characters of those tokens' texts (a completion's text_offset)
 
     def text(self) -> str:
         c = self.choice
@@ -58,6 +60,20 @@ class ChoiceText:
             return ""
         new, self.sent = text[self.sent:upto], upto
         return new
+
+    def new_logprobs(self, chat: bool) -> dict | None:
+        """OpenAI's `logprobs` of the tokens not reported yet (marked reported); None when the
+        request did not ask for them."""
+        c = self.choice
+        if c.logprobs is None:
+            return None
+        upto = len(c.tokens)
+        entries = list(zip(c.tokens[self.lp_sent:upto], c.logprobs[self.lp_sent:upto]))
+        body = p.logprobs_body(chat, entries, self.tokenizer, self.lp_offset)
+        self.lp_sent = upto
+        if not chat:
+            self.lp_offset += sum(map(len, body["tokens"]))
+        return body
 
 
 def hold_for(stops: Any) -> int:
@@ -127,7 +143,11 @@ class EventStream:
             new = t.new()
             if t.choice.finish_reason is None:
                 if new:
-                    out.append(shapes.delta(t.choice.index, new, t.first))
+                    if t.choice.logprobs is None:
+                        out.append(shapes.delta(t.choice.index, new, t.first))
+                    else:
+                        out.append(p.sse_text(shapes.chunk(new, first=t.first, index=t.choice.index,
+                                                           logprobs=t.new_logprobs(shapes.chat))))
                     t.first = False
                 continue
             t.done = True
@@ -135,7 +155,8 @@ class EventStream:
             if stream.finished and t is ending[-1]:
                 use = p.usage(len(stream.request.prompt_token_ids), stream.num_output_tokens)
             reason = OPENAI_REASON.get(t.choice.finish_reason, "stop")
-            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.choice.index)))
+            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.choice.index,
+                                               logprobs=t.new_logprobs(shapes.chat))))
             if use is not None and self.include_usage:
                 out.append(p.sse_text(shapes.usage_chunk(use)))
         if stream.finished:
@@ -143,6 +164,7 @@ class EventStream:
         return "".join(out).encode()
 
 
-def final_texts(stream: RequestStream, tokenizer: Any) -> list[tuple[str, str]]:
-    """(text, OpenAI finish reason) of each choice of an ended request."""
-    return [(ChoiceText(c, tokenizer, 0).text(), OPENAI_REASON.get(c.finish_reason, "stop")) for c in stream.choices]
+def final_texts(stream: RequestStream, tokenizer: Any, chat: bool) -> list[tuple[str, str, dict | None]]:
+    """(text, OpenAI finish reason, logprobs or None) of each choice of an ended request."""
+    texts = [ChoiceText(c, tokenizer, 0) for c in stream.choices]
+    return [(t.text(), OPENAI_REASON.get(t.choice.finish_reason, "stop"), t.new_logprobs(chat)) for t in texts]

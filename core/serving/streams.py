@@ -23,15 +23,17 @@ class Rejected(Exception):
 
 class Choice:
     """One sample of a request: its output `tokens`, the engine's `text` of them (None without a
-    tokenizer) and its `finish_reason` once it ended."""
+    tokenizer), its `finish_reason` once it ended and, when asked for, its `logprobs` (the
+    sequence's `Sequence.logprobs`, one entry per token; None otherwise)."""
 
-    __slots__ = ("index", "tokens", "text", "finish_reason")
+    __slots__ = ("index", "tokens", "text", "finish_reason", "logprobs")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.tokens: list[int] = []
         self.text: str | None = None
         self.finish_reason: FinishReason | None = None
+        self.logprobs: list | None = None
 
 
 class RequestStream:

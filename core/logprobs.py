@@ -1,0 +1,36 @@
+"""Log-probabilities of sampled tokens, for requests that ask for them (`SamplingParams.logprobs`).
+
+Computed after sampling from the raw logits the executor returned (before temperature, penalties
+and filters: what vLLM returns by default), only for the rows whose sequence asked, so a batch
+without such requests pays one list scan. Torch is imported only when there is a logits tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sequence import Sequence
+
+
+def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int]) -> None:
+    """Append to each `seq.logprobs` that is not None the log-probability of `tokens[i]` under
+    row i of `logits` and the `seq.sampling.logprobs` most likely tokens with theirs. Nothing
+    without logits (a simulated executor)."""
+    if logits is None:
+        return
+    rows = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
+    if not rows:
+        return
+    import torch
+
+    with torch.no_grad():
+        index = torch.tensor(rows, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device)).squeeze(1).tolist()
+        k = max(seqs[i].sampling.logprobs for i in rows)
+        top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        seq = seqs[i]
+        want = seq.sampling.logprobs
+        seq.logprobs.append((chosen[j], tuple(zip(top_ids[j][:want], top_lp[j][:want]))))
