@@ -106,6 +106,24 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict, stop_after: i
     return 200, text, reason
 
 
+def stream_all(srv: ServerThread, path: str, bodies: list[dict], hung_up: set[int]) -> tuple[list, dict]:
+    """Stream every body at once (those in `hung_up` hang up after 3 chunks), wait for the engine
+    to free the hung-up requests' blocks, check that every block is free or evictable; returns
+    each stream's (status, text, finish reason) and the server's metrics."""
+    async def main():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(
+                _stream(client, srv.url + path, b, stop_after=3 if i in hung_up else None)
+                for i, b in enumerate(bodies)))
+    results = asyncio.run(main())
+    for _ in range(1000):  # the loop frees the hung-up requests' blocks at its next steps
+        if not srv.engine.has_unfinished():
+            break
+        asyncio.run(asyncio.sleep(0.01))
+    all_free_or_evictable(srv.engine)
+    return results, metrics(srv.url)
+
+
 def test_64_streams_with_a_fifth_hanging_up_complete_as_alone_and_free_every_block():
     rng = random.Random(7)
     bodies = [
@@ -113,22 +131,10 @@ def test_64_streams_with_a_fifth_hanging_up_complete_as_alone_and_free_every_blo
          "max_tokens": 400 if i % 5 == 0 else rng.randrange(4, 40), "temperature": 0}
         for i in range(64)
     ]
+    hung_up = [i for i in range(64) if i % 5 == 0]
     # a small pool: 64 requests of up to ~100 tokens in 160 blocks of 16 preempt one another
     with sim_server(step_time=0.001, num_blocks=160, max_num_seqs=32) as srv:
-        async def main():
-            async with httpx.AsyncClient(timeout=60) as client:
-                url = srv.url + "/v1/chat/completions"
-                return await asyncio.gather(*(
-                    _stream(client, url, b, stop_after=3 if i % 5 == 0 else None) for i, b in enumerate(bodies)
-                ))
-        results = asyncio.run(main())
-        for _ in range(500):  # the loop frees the hung-up requests' blocks at its next steps
-            if not srv.engine.has_unfinished():
-                break
-            asyncio.run(asyncio.sleep(0.01))
-        all_free_or_evictable(srv.engine)
-        m = metrics(srv.url)
-    hung_up = [i for i in range(64) if i % 5 == 0]
+        results, m = stream_all(srv, "/v1/chat/completions", bodies, set(hung_up))
     for i, (status, text, reason) in enumerate(results):
         assert status == 200
         if i in hung_up:

@@ -6,7 +6,6 @@ gave back changed anyone's attention; afterwards every block is free."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 import httpx
@@ -25,7 +24,7 @@ from metroline.core.serving.tenants import ServeConfig  # noqa: E402
 from metroline.core.serving.tokens import StandInTokenizer  # noqa: E402
 from metroline.executors.torch import TorchExecutor  # noqa: E402
 
-from test_serve import _stream, all_free_or_evictable, ids, metrics  # noqa: E402
+from test_serve import ids, stream_all  # noqa: E402
 from torch_helpers import VOCAB, tiny_llama  # noqa: E402
 
 
@@ -47,21 +46,9 @@ def test_64_streams_on_a_real_model_with_a_fifth_hanging_up_get_their_greedy_tok
     # 32 slots of requests up to ~100 tokens (7 blocks of 16 each) over 96 blocks: they preempt
     # one another; the stand-in tokenizer renders token ids as text (" 17"), so the text gives them back
     engine = make_engine(EngineConfig(num_blocks=96, block_size=16, max_num_seqs=32), TorchExecutor(model))
+    bodies = [{"prompt": p, "max_tokens": n, "temperature": 0} for p, n in zip(prompts, lengths)]
     with ServerThread(engine, ServeConfig(), tokenizer=StandInTokenizer()) as srv:
-        async def main():
-            async with httpx.AsyncClient(timeout=120) as client:
-                url = srv.url + "/v1/completions"
-                return await asyncio.gather(*(
-                    _stream(client, url, {"prompt": p, "max_tokens": n, "temperature": 0},
-                            stop_after=3 if i in hung_up else None)
-                    for i, (p, n) in enumerate(zip(prompts, lengths))))
-        results = asyncio.run(main())
-        for _ in range(1000):  # the loop frees the hung-up requests' blocks at its next steps
-            if not srv.engine.has_unfinished():
-                break
-            asyncio.run(asyncio.sleep(0.01))
-        all_free_or_evictable(srv.engine)
-        m = metrics(srv.url)
+        results, m = stream_all(srv, "/v1/completions", bodies, hung_up)
     for i, (status, text, reason) in enumerate(results):
         assert status == 200
         if i in hung_up:
