@@ -117,9 +117,9 @@ class AsyncEngine:
 
     # --- requests --------------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> RequestStream:
-        """Queue a validated request; its stream. Raises `Rejected` when the server is closing,
-        the waiting queue is full or the cold-start ramp holds it back."""
+    def submit(self, request: Request, event: asyncio.Event | None = None) -> RequestStream:
+        """Queue a validated request; its stream (waking `event` when given: a `StreamGroup`'s).
+        Raises `Rejected` when the server is closing, the queue is full or the ramp holds it back."""
         if self._closing or not self.running:
             raise Rejected("the server is shutting down", status=503)
         waiting = len(self.engine.scheduler.waiting) + len(self._pending)
@@ -134,7 +134,7 @@ class AsyncEngine:
                         f"cold start: at most {cap} requests in flight during the first {self.ramp_s} s",
                         retry_after=1.0, reason="ramp",
                     )
-        stream = RequestStream(request, self._caught_up)
+        stream = RequestStream(request, self._caught_up, event)
         self.streams[request.request_id] = stream
         self._pending.append(stream)
         self._poke()

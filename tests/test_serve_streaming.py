@@ -85,6 +85,57 @@ def test_n_choices_stream_interleaved_with_their_index_and_usage_counts_them_all
     assert all_ended
 
 
+def test_several_prompts_in_one_completion_answer_prompt_by_prompt_streamed_or_not():
+    """OpenAI's batch of prompts (`prompt: [...]`, texts or token lists): choice `i * n + j` is
+    sample j of prompt i, with the tokens that prompt gets alone; usage sums them all; a prompt of
+    the batch over max_model_len answers 400 naming it and nothing runs; a client that hangs up
+    cancels every prompt of its batch."""
+    openai = pytest.importorskip("openai")
+    tok = StandInTokenizer()
+    texts = ["Name a line.", "x", "Which metro is oldest?"]
+    with sim_server(step_time=0.001, max_model_len=64) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=30)
+        whole = client.completions.create(model="sim", prompt=texts, max_tokens=5, n=2, temperature=0)
+        chunks = list(client.completions.create(model="sim", prompt=[[5, 6, 7], [9]], max_tokens=4, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+        too_long = httpx.post(srv.url + "/v1/completions", json={"prompt": ["ok", "y" * 70], "max_tokens": 2})
+        assert all_ended(srv)
+        # hang up after the first chunk of a batch of two long ones: both are cancelled
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
+                          json={"prompt": [[1], [2]], "max_tokens": 50, "stream": True}) as r:
+            next(r.iter_lines())
+        assert all_ended(srv)
+        m = metrics(srv.url)
+    assert [c.index for c in whole.choices] == list(range(6))
+    expected = [s for text in texts for s in samples(tok.encode(text), 5, 2)]
+    assert [ids(c.text) for c in whole.choices] == expected
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (sum(len(tok.encode(t)) for t in texts), 30)
+    streamed: dict[int, str] = {}
+    for c in chunks:
+        for choice in c.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [ids(streamed[i]) for i in range(2)] == [samples([5, 6, 7], 4, 1)[0], samples([9], 4, 1)[0]]
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 8)
+    error = too_long.json()["error"]
+    assert too_long.status_code == 400 and error["param"] == "prompt.1"
+    assert error["message"].startswith("prompt 1: ") and "exceeds max_model_len=64" in error["message"]
+    finished = {k[1]: v for k, v in m.items() if k[0] == "metroline_requests_finished_total"}
+    # samples: 3 x 2 + 2 ran to their length (the "ok" of the refused batch never ran: 9 if it
+    # had); the hung-up batch's 2 were cancelled
+    assert finished == {(("reason", "length"), ("tenant", "default")): 3 * 2 + 2,
+                        (("reason", "cancelled"), ("tenant", "default")): 2}
+
+
+def all_ended(srv: ServerThread) -> bool:
+    """Whether the engine ended every request within a second, its pool checked."""
+    for _ in range(100):
+        if not srv.engine.has_unfinished():
+            srv.engine.pool.check_invariants([])
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_more_choices_than_max_num_seqs_or_an_empty_stop_string_answer_400_naming_the_field():
     with sim_server(step_time=0.001, max_num_seqs=4) as srv:
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "n": 5})

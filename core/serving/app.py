@@ -7,6 +7,7 @@ stepped by an `AsyncEngine` started and stopped with the app (its lifespan).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -27,6 +28,7 @@ from ..sequence import FinishReason, Sequence
 from . import protocol as p
 from .metrics import ServerMetrics
 from .sse import EventStream, final_texts, hold_for
+from .streams import StreamGroup
 from .tenants import ServeConfig, Tenants, quota_retry_after
 from .tokens import tokenizer_for
 
@@ -93,7 +95,9 @@ class Server:
         headers = None if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return _Refusal(error(status, message, type_, param, code, headers))
 
-    async def _admit(self, http: HTTPRequest, chat: bool) -> tuple[Any, Request, RequestStream]:
+    async def _admit(self, http: HTTPRequest, chat: bool) -> tuple[Any, Request, RequestStream | StreamGroup]:
+        """Identify, validate and submit a request: its body, its (first) engine request and its
+        stream (a `StreamGroup` for a completion with several prompts, all submitted or none)."""
         tenant = self.tenants.identify(http.headers.get("authorization"))
         if tenant is None:
             raise self._refuse("unknown", "auth", 401, "missing or unknown API key (Authorization: Bearer KEY)",
@@ -116,17 +120,45 @@ class Server:
         if problem:
             raise self._refuse(tenant, "priority", 429, problem, "rate_limit_error", "priority")
         if chat:
-            prompt = self.tokenizer.chat_prompt([(m.role, m.text()) for m in body.messages])
-        elif isinstance(body.prompt, str):
-            prompt = self.tokenizer.encode(body.prompt)
+            prompts = [self.tokenizer.chat_prompt([(m.role, m.text()) for m in body.messages])]
         else:
-            prompt = list(body.prompt)
+            prompts = [self.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in p.prompts_of(body.prompt)]
+        requests = [self._request(body, prompt, tenant, priority, chat, i if len(prompts) > 1 else None)
+                    for i, prompt in enumerate(prompts)]
+        if self._checks:
+            # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
+            # rather than a failure once queued (Engine.add_request asks the same question)
+            for request in requests:
+                seq = Sequence.from_request(request, request.arrival_time or 0.0, 0)
+                reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, seq)
+                if reason is not None:
+                    raise self._refuse(tenant, "refused", 400, f"this request can never run: {reason}",
+                                       "invalid_request_error")
+        wait = quota_retry_after(self.engine, tenant, sum(map(len, prompts)))
+        if wait is not None:
+            raise self._refuse(tenant, "quota", 429, f"tenant {tenant!r} is over its token-rate quota",
+                               "rate_limit_error", retry_after=wait)
+        group = asyncio.Event() if len(requests) > 1 else None
+        streams: list[RequestStream] = []
+        try:
+            for request in requests:
+                streams.append(self.loop.submit(request, group))
+        except Rejected as exc:
+            for submitted in streams:  # all of the prompts or none
+                self.loop.abort(submitted.request_id)
+            type_ = "rate_limit_error" if exc.status == 429 else "server_error"
+            raise self._refuse(tenant, exc.reason, exc.status, str(exc), type_, retry_after=exc.retry_after)
+        return body, requests[0], streams[0] if group is None else StreamGroup(streams)
+
+    def _request(self, body: Any, prompt: list[int], tenant: str, priority: int, chat: bool,
+                 index: int | None) -> Request:
+        """The validated engine request of one prompt (`index`: its place in a list of prompts)."""
         limit = self.engine.config.max_model_len
         max_tokens = body.max_completion_tokens or body.max_tokens or max(
             1, min(self.serve.default_max_tokens, limit - len(prompt)))
         now = self.engine.executor.now()
         try:
-            request = self.engine.validate(Request(
+            return self.engine.validate(Request(
                 request_id=uuid.uuid4().hex, tenant=tenant, priority=priority, prompt_token_ids=prompt,
                 arrival_time=now,  # queued until the step in flight ends: that wait counts in its TTFT
                 deadline=None if body.deadline_s is None else now + body.deadline_s,
@@ -142,24 +174,10 @@ class Server:
             ))
         except ValidationError as exc:
             msg = p.describe(exc).replace("sampling.max_new_tokens", "max_tokens").replace("sampling.", "")
-            raise self._refuse(tenant, "invalid", 400, msg, "invalid_request_error", _param_of(exc, chat))
-        if self._checks:
-            # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
-            # rather than a failure once queued (Engine.add_request asks the same question)
-            reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, Sequence.from_request(request, now, 0))
-            if reason is not None:
-                raise self._refuse(tenant, "refused", 400, f"this request can never run: {reason}",
-                                   "invalid_request_error")
-        wait = quota_retry_after(self.engine, tenant, len(prompt))
-        if wait is not None:
-            raise self._refuse(tenant, "quota", 429, f"tenant {tenant!r} is over its token-rate quota",
-                               "rate_limit_error", retry_after=wait)
-        try:
-            stream = self.loop.submit(request)
-        except Rejected as exc:
-            type_ = "rate_limit_error" if exc.status == 429 else "server_error"
-            raise self._refuse(tenant, exc.reason, exc.status, str(exc), type_, retry_after=exc.retry_after)
-        return body, request, stream
+            param = _param_of(exc, chat)
+            if index is not None:
+                msg, param = f"prompt {index}: {msg}", (f"prompt.{index}" if param == "prompt" else param)
+            raise self._refuse(tenant, "invalid", 400, msg, "invalid_request_error", param) from None
 
     # --- routes ----------------------------------------------------------------------------------
 
@@ -186,12 +204,13 @@ class Server:
             await stream.result()
         finally:
             if not stream.finished:
-                self.loop.abort(request.request_id)
+                for rid in stream.request_ids:
+                    self.loop.abort(rid)
         if stream.finish_reason is FinishReason.FAILED:
             return error(500, f"the engine failed this request: {stream.error}", "server_error")
         if stream.finish_reason is FinishReason.CANCELLED:
             return error(503, "the request was cancelled (server shutting down)", "server_error")
-        use = p.usage(len(request.prompt_token_ids), stream.num_output_tokens)
+        use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens)
         return JSONResponse(shapes.response(final_texts(stream, self.tokenizer, chat), use))
 
     async def models(self, http: HTTPRequest) -> Response:

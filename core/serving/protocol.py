@@ -107,12 +107,36 @@ class ChatCompletionBody(_Body):
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] = Field(min_length=1)
+    prompt: Any
+    """A text, a list of token ids, or a batch: a list of texts or of token-id lists (none empty)."""
     logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        def ids(x: Any) -> bool:
+            return isinstance(x, list) and bool(x) and all(type(t) is int for t in x)
+
+        def text(x: Any) -> bool:
+            return isinstance(x, str) and bool(x)
+
+        if text(value) or ids(value) or (isinstance(value, list) and value and (
+                all(map(text, value)) or all(map(ids, value)))):
+            return value
+        raise ValueError("must be a text, a list of token ids, or a list of texts or of token-id lists, "
+                         "none empty")
 
     @property
     def logprobs_k(self) -> int | None:
         return self.logprobs
+
+
+def prompts_of(prompt: Any) -> list[str | list[int]]:
+    """The prompts of a completion body's `prompt`: a text or a token list is one; a list of texts
+    or of token lists is several (OpenAI's batch of prompts)."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt)
 
 
 def token_text(tokenizer: Any, token: int) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..sequence import FinishReason
 from . import protocol as p
-from .streams import Choice, RequestStream
+from .streams import Choice, RequestStream, StreamGroup
 
 OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -31,10 +31,11 @@ class ChoiceText:
     itself), else the server tokenizer's decoding of its tokens; while the choice runs, the last
     `hold` characters (they may begin a stop string) and a trailing incomplete character wait."""
 
-    __slots__ = ("choice", "tokenizer", "hold", "sent", "first", "done", "lp_sent", "lp_offset")
+    __slots__ = ("choice", "index", "tokenizer", "hold", "sent", "first", "done", "lp_sent", "lp_offset")
 
-    def __init__(self, choice: Choice, tokenizer: Any, hold: int) -> None:
+    def __init__(self, choice: Choice, tokenizer: Any, hold: int, index: int = 0) -> None:
         self.choice = choice
+        self.index = index  # OpenAI's index of the choice (several prompts: prompt by prompt)
         self.tokenizer = tokenizer
         self.hold = hold
         self.sent = 0
@@ -87,11 +88,11 @@ class EventStream:
     """The ASGI response of a streamed completion (an ASGI app: Starlette calls it as a
     response). `on_abort(request_id)` cancels the request when the client goes away."""
 
-    def __init__(self, stream: RequestStream, shapes: p.Shapes, tokenizer: Any, hold: int,
+    def __init__(self, stream: RequestStream | StreamGroup, shapes: p.Shapes, tokenizer: Any, hold: int,
                  include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None) -> None:
         self.stream = stream
         self.shapes = shapes
-        self.texts = [ChoiceText(c, tokenizer, hold) for c in stream.choices]
+        self.texts = [ChoiceText(c, tokenizer, hold, i) for i, c in enumerate(stream.choices)]
         self.include_usage = include_usage
         self.on_abort = on_abort
         self.marks = marks
@@ -117,14 +118,16 @@ class EventStream:
         finally:
             watcher.cancel()
             if not stream.finished:
-                self.on_abort(stream.request_id)
+                for rid in stream.request_ids:
+                    self.on_abort(rid)
 
     async def _watch(self, receive: Any) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         if not self.stream.finished:
             self.gone = True
-            self.on_abort(self.stream.request_id)
+            for rid in self.stream.request_ids:
+                self.on_abort(rid)
 
     def _frames(self) -> bytes:
         """The frames of what the engine produced since the last write: new text of the running
@@ -144,18 +147,18 @@ class EventStream:
             if t.choice.finish_reason is None:
                 if new:
                     if t.choice.logprobs is None:
-                        out.append(shapes.delta(t.choice.index, new, t.first))
+                        out.append(shapes.delta(t.index, new, t.first))
                     else:
-                        out.append(p.sse_text(shapes.chunk(new, first=t.first, index=t.choice.index,
+                        out.append(p.sse_text(shapes.chunk(new, first=t.first, index=t.index,
                                                            logprobs=t.new_logprobs(shapes.chat))))
                     t.first = False
                 continue
             t.done = True
             use = None
             if stream.finished and t is ending[-1]:
-                use = p.usage(len(stream.request.prompt_token_ids), stream.num_output_tokens)
+                use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens)
             reason = OPENAI_REASON.get(t.choice.finish_reason, "stop")
-            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.choice.index,
+            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.index,
                                                logprobs=t.new_logprobs(shapes.chat))))
             if use is not None and self.include_usage:
                 out.append(p.sse_text(shapes.usage_chunk(use)))
@@ -164,7 +167,7 @@ class EventStream:
         return "".join(out).encode()
 
 
-def final_texts(stream: RequestStream, tokenizer: Any, chat: bool) -> list[tuple[str, str, dict | None]]:
+def final_texts(stream: RequestStream | StreamGroup, tokenizer: Any, chat: bool) -> list[tuple[str, str, dict | None]]:
     """(text, OpenAI finish reason, logprobs or None) of each choice of an ended request."""
-    texts = [ChoiceText(c, tokenizer, 0) for c in stream.choices]
+    texts = [ChoiceText(c, tokenizer, 0, i) for i, c in enumerate(stream.choices)]
     return [(t.text(), OPENAI_REASON.get(t.choice.finish_reason, "stop"), t.new_logprobs(chat)) for t in texts]

@@ -46,19 +46,28 @@ class RequestStream:
 
     __slots__ = ("request", "choices", "unread", "finish_reason", "error", "_live", "_event", "_on_read")
 
-    def __init__(self, request: Request, on_read: Callable[[RequestStream], None] | None = None) -> None:
+    def __init__(self, request: Request, on_read: Callable[[RequestStream], None] | None = None,
+                 event: asyncio.Event | None = None) -> None:
         self.request = request
         self.choices = [Choice(i) for i in range(request.sampling.n)]
         self.unread = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self._live = {0}  # samples not ended (the others appear at the first token)
-        self._event = asyncio.Event()
+        self._event = event or asyncio.Event()  # a `StreamGroup`'s streams share theirs
         self._on_read = on_read
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [self.request.request_id]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
 
     @property
     def finished(self) -> bool:
@@ -87,6 +96,62 @@ class RequestStream:
         while not self.finished:
             await self.wait()
         return self.tokens
+
+
+class StreamGroup:
+    """The streams of one completion request with several prompts (`prompt: [...]`), read as one:
+    `choices` are theirs in order (prompt by prompt, each prompt's `n` samples), so a choice's
+    OpenAI index is its place in that list. The streams share one wake-up event."""
+
+    def __init__(self, streams: list[RequestStream]) -> None:
+        self.streams = streams
+        self.choices = [c for s in streams for c in s.choices]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.request_id for s in self.streams]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.streams)
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """None until every stream ended; then failed or cancelled if one was, else the first's."""
+        if not self.finished:
+            return None
+        reasons = [s.finish_reason for s in self.streams]
+        for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
+            if bad in reasons:
+                return bad
+        return reasons[0]
+
+    @property
+    def error(self) -> str | None:
+        return next((s.error for s in self.streams if s.error), None)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(s.num_prompt_tokens for s in self.streams)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(s.num_output_tokens for s in self.streams)
+
+    async def wait(self) -> None:
+        """Wait for output of any stream not taken yet (or the end of all), and take it."""
+        event = self.streams[0]._event
+        while not any(s.unread for s in self.streams) and not self.finished:
+            event.clear()
+            await event.wait()
+        for s in self.streams:
+            if s.unread or s.finished:
+                await s.wait()
+
+    async def result(self) -> None:
+        """Wait for the end of every stream."""
+        while not self.finished:
+            await self.wait()
 
 
 def request_end(choices: list[Choice]) -> FinishReason:
