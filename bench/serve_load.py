@@ -27,7 +27,8 @@ tenant saturating the server with K closed-loop clients (each sends its next req
 one ends); prints, for each `--window` (10 s) while both had requests waiting, the tokens each was
 served and their ratio against the weights'.
 
-The server and the clients are pinned to separate halves of the CPUs (`--no-pin`: not), as if the
+Connections are kept alive and reused, as the `openai` client's pool does (`--no-keep-alive`: one
+per request, each paying a TCP connect and uvicorn's accept). The server and the clients are pinned to separate halves of the CPUs (`--no-pin`: not), as if the
 clients ran on another host: see `_split_cpus`.
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -54,24 +56,57 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
 
 
-async def _events(host: str, port: int, path: str, body: dict, key: str):
+_IDLE: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+"""Idle keep-alive connections to the server (the client process's pool)."""
+_OPENED = [0]
+"""Connections the client process opened."""
+
+
+async def _send(host: str, port: int, head: bytes, keep_alive: bool):
+    """A connection (an idle one from the pool with `keep_alive`, else a new one) with the request
+    sent and the status line read: (reader, writer, status line). A pooled connection the server
+    has closed meanwhile is replaced by a new one."""
+    while True:
+        pooled = keep_alive and bool(_IDLE)
+        if pooled:
+            reader, writer = _IDLE.pop()
+        else:
+            reader, writer = await asyncio.open_connection(host, port)
+            _OPENED[0] += 1
+        writer.write(head)
+        try:
+            await writer.drain()
+            line = await reader.readline()
+        except ConnectionError:
+            line = b""
+        if line or not pooled:
+            return reader, writer, line
+        writer.close()
+
+
+async def _events(host: str, port: int, path: str, body: dict, key: str, keep_alive: bool = False):
     """POST `body` and yield (status, event payload) for each server-sent event: a minimal HTTP/1.1
-    client on asyncio streams (one connection per request), far cheaper than a general client at
-    hundreds of concurrent streams on two cores."""
-    reader, writer = await asyncio.open_connection(host, port)
+    client on asyncio streams, far cheaper than a general client at hundreds of concurrent streams
+    on two cores. With `keep_alive`, connections are pooled as the `openai` client's (httpx) are:
+    a response read to its end gives its connection back; one given up on closes it."""
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n").encode() + data
+    reader, writer, line = await _send(host, port, head, keep_alive)
+    done = False
     try:
-        data = json.dumps(body).encode()
-        writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
-            + data)
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        chunked = False
+        status = int(line.split()[1])
+        chunked, length = False, 0
         while (line := await reader.readline()) not in (b"\r\n", b""):
-            if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+            lower = line.lower()
+            if lower.startswith(b"transfer-encoding:") and b"chunked" in lower:
                 chunked = True
+            elif lower.startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
         if status != 200:
+            await reader.readexactly(length)
+            done = True
             yield status, None
             return
         buf = b""
@@ -79,6 +114,8 @@ async def _events(host: str, port: int, path: str, body: dict, key: str):
             if chunked:
                 size = int((await reader.readline()).strip() or b"0", 16)
                 if size == 0:
+                    await reader.readline()  # the CRLF after the last chunk
+                    done = True
                     return
                 buf += await reader.readexactly(size + 2)
                 buf = buf[:-2] if buf.endswith(b"\r\n") else buf
@@ -92,26 +129,32 @@ async def _events(host: str, port: int, path: str, body: dict, key: str):
                 if ev.startswith(b"data: "):
                     yield 200, ev[6:]
     finally:
-        writer.close()
+        if done and keep_alive:
+            _IDLE.append((reader, writer))
+        else:
+            writer.close()
 
 
-async def _one(url: str, tenant: str, body: dict, hang_up_after: int | None, out: list) -> None:
+async def _one(url: str, tenant: str, body: dict, hang_up_after: int | None, out: list,
+               keep_alive: bool = False) -> None:
     host, _, rest = url.removeprefix("http://").partition(":")
     port, _, path = rest.partition("/")
     start = time.monotonic()
     times, rid, status, tokens = [], None, 0, 0
     try:
-        async for status, payload in _events(host, int(port), "/" + path, body, TENANTS[tenant]):
-            if payload is None or payload == b"[DONE]":
-                continue
-            chunk = json.loads(payload)
-            rid = chunk["id"]
-            content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
-            if content:
-                times.append(time.monotonic())
-                tokens += len(content.split())
-                if hang_up_after is not None and len(times) >= hang_up_after:
-                    break
+        events = _events(host, int(port), "/" + path, body, TENANTS[tenant], keep_alive)
+        async with contextlib.aclosing(events):  # a hang-up closes the connection now
+            async for status, payload in events:
+                if payload is None or payload == b"[DONE]":
+                    continue
+                chunk = json.loads(payload)
+                rid = chunk["id"]
+                content = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+                if content:
+                    times.append(time.monotonic())
+                    tokens += len(content.split())
+                    if hang_up_after is not None and len(times) >= hang_up_after:
+                        break
     except Exception as exc:  # noqa: BLE001 - a load test counts failures, it does not stop
         status = f"{type(exc).__name__}"
     out.append({"tenant": tenant, "status": status, "start": start, "times": times, "id": rid,
@@ -124,24 +167,25 @@ def _body(rng: random.Random) -> dict:
             "max_tokens": rng.randrange(8, 48), "stream": True, "temperature": 0}
 
 
-async def _closed_loop(url: str, tenant: str, end: float, rng: random.Random, out: list) -> None:
+async def _closed_loop(url: str, tenant: str, end: float, rng: random.Random, out: list, keep_alive: bool) -> None:
     """One client that sends its next request as soon as the last one ends, until `end`."""
     while time.monotonic() < end:
-        await _one(url, tenant, _body(rng), None, out)
+        await _one(url, tenant, _body(rng), None, out, keep_alive)
 
 
 async def _clients(url: str, rate: float, duration: float, max_clients: int, disconnect: float, seed: int,
-                   tenants: list[str], closed: int = 0) -> dict:
+                   tenants: list[str], closed: int = 0, keep_alive: bool = False) -> dict:
     rng = random.Random(seed)
     out: list[dict] = []
     dropped = 0
     tasks: set[asyncio.Task] = set()
     t0 = time.monotonic()
     if closed:  # `closed` clients per tenant, each always with one request in flight
-        loops = [_closed_loop(url, t, t0 + duration, random.Random(f"{seed}-{t}-{i}"), out)
+        loops = [_closed_loop(url, t, t0 + duration, random.Random(f"{seed}-{t}-{i}"), out, keep_alive)
                  for t in tenants for i in range(closed)]
         await asyncio.wait_for(asyncio.gather(*loops), timeout=duration + 120)
-        return {"results": out, "dropped": 0, "wall": time.monotonic() - t0, "cpu": time.process_time()}
+        return {"results": out, "dropped": 0, "wall": time.monotonic() - t0, "cpu": time.process_time(),
+                "connections": _OPENED[0]}
     next_at = t0
     while next_at < t0 + duration:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
@@ -153,10 +197,10 @@ async def _clients(url: str, rate: float, duration: float, max_clients: int, dis
         tenant = rng.choice(tenants)
         body = _body(rng)
         hang = rng.randrange(1, 4) if rng.random() < disconnect else None
-        tasks.add(asyncio.create_task(_one(url, tenant, body, hang, out)))
+        tasks.add(asyncio.create_task(_one(url, tenant, body, hang, out, keep_alive)))
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
     wall = time.monotonic() - t0
-    return {"results": out, "dropped": dropped, "wall": wall, "cpu": time.process_time()}
+    return {"results": out, "dropped": dropped, "wall": wall, "cpu": time.process_time(), "connections": _OPENED[0]}
 
 
 def _client_main(url: str, args: dict, conn, cpus: set[int] | None = None) -> None:
@@ -225,6 +269,9 @@ def main() -> None:
                          "as its last one ends (every tenant saturating the server: with --weights); no hang-ups")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="the engine's batch slots (default 256)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to separate CPUs")
+    ap.add_argument("--keep-alive", action=argparse.BooleanOptionalAction, default=True,
+                    help="reuse connections, as the openai client (httpx) does (default: on; --no-keep-alive: a "
+                         "new connection per request)")
     args = ap.parse_args()
     duration, max_clients = min(args.duration, 120.0), min(args.max_clients, 1024)
 
@@ -258,7 +305,7 @@ def main() -> None:
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
             {"rate": args.rate, "duration": duration, "max_clients": max_clients,
-             "disconnect": args.disconnect, "seed": args.seed, "tenants": tenants, "closed": args.closed},
+             "disconnect": args.disconnect, "seed": args.seed, "tenants": tenants, "closed": args.closed, "keep_alive": args.keep_alive},
             child, client_cpus))
         proc.start()
         doc = parent.recv()
@@ -295,7 +342,8 @@ def main() -> None:
           f"hung up {sum(r['hung_up'] for r in results)}, 429 {sum(r['status'] == 429 for r in results)}, "
           f"other errors {sum(r['status'] not in (200, 429) for r in results)}, dropped (client cap) {doc['dropped']}")
     print(f"CPUs: server {sorted(server_cpus) if server_cpus else 'any'}, "
-          f"clients {sorted(client_cpus) if client_cpus else 'any'}")
+          f"clients {sorted(client_cpus) if client_cpus else 'any'}; connections opened {doc['connections']} "
+          f"({'kept alive' if args.keep_alive else 'one per request'})")
     print(f"engine: {steps} steps, modeled busy {busy:.1f} s; CPU seconds: server process "
           f"{server_cpu:.1f}, client process {doc['cpu']:.1f}; server waits (voluntary context switches) "
           f"{switches}; load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
