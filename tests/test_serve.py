@@ -68,7 +68,10 @@ def metrics(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_the_openai_client_streams_a_chat_completion():
+    import time
+
     openai = pytest.importorskip("openai")
+    before = int(time.time())
     with sim_server() as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=30)
         chunks = list(client.chat.completions.create(
@@ -83,6 +86,7 @@ def test_the_openai_client_streams_a_chat_completion():
     usage = chunks[-1].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(chat_prompt("Name a metro line.")), 12)
     assert [m.id for m in models.data] == ["sim"]
+    assert before <= models.data[0].created <= int(time.time())  # when the server came up
     all_free_or_evictable(srv.engine)
 
 

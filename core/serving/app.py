@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json
 import math
+import time
 import uuid
 from typing import Any
 
@@ -72,6 +73,7 @@ class Server:
         self.engine = engine
         self.serve = serve
         self.tenants = Tenants(serve)
+        self.created = int(time.time())  # /v1/models: when the server came up
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(engine.executor)
         self._checks = engine.plugins.has_impls("check_request")
         self.timings: dict[str, list[float]] | None = None
@@ -214,7 +216,7 @@ class Server:
         return JSONResponse(shapes.response(final_texts(stream, self.tokenizer, chat), use))
 
     async def models(self, http: HTTPRequest) -> Response:
-        card = {"id": self.serve.model, "object": "model", "created": 0, "owned_by": "metroline"}
+        card = {"id": self.serve.model, "object": "model", "created": self.created, "owned_by": "metroline"}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, http: HTTPRequest) -> Response:
