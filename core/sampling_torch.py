@@ -172,7 +172,9 @@ def cut_offs(x: torch.Tensor, params: list[Any]) -> torch.Tensor:
         lse[idx] = sub.masked_fill(sub < cut[idx, None], -torch.inf).logsumexp(dim=-1, keepdim=True)
     probs = (kept - lse).exp()
     cumulative = probs.cumsum(dim=-1)
-    n_keep = ((cumulative - probs) < p).sum(dim=-1, keepdim=True)  # before each token: mass < top_p
+    # before each token: mass < top_p; the most likely token always stays (a top_p that float32
+    # rounds to 0 keeps it alone)
+    n_keep = ((cumulative - probs) < p).sum(dim=-1, keepdim=True).clamp_(min=1)
     nucleus = top.gather(1, n_keep - 1).squeeze(1)
     before_top_p = cut
     cut = torch.where(p.squeeze(1) < 1.0, torch.maximum(cut, nucleus), cut)
@@ -189,5 +191,5 @@ def _full_sort_cut(x: torch.Tensor, cut: torch.Tensor, top_ps: list[float]) -> t
     ordered = x.masked_fill(x < cut[:, None], -torch.inf).sort(dim=-1, descending=True).values
     probs = ordered.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
-    n_keep = (before < torch.tensor(top_ps, device=x.device)[:, None]).sum(dim=-1, keepdim=True)
+    n_keep = (before < torch.tensor(top_ps, device=x.device)[:, None]).sum(dim=-1, keepdim=True).clamp_(min=1)
     return torch.maximum(cut, ordered.gather(1, n_keep - 1).squeeze(1))

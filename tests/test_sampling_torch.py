@@ -79,6 +79,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert set(draws(300, top_p=0.4)) == {0}
 
 
+def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token():
+    # 1e-300 > 0 passes validation but is 0.0 in float32: the nucleus is the top token alone,
+    # whether it is found among the candidates or by the full sort of a wide vocabulary
+    from metroline.core.sampling_torch import CANDIDATES
+
+    assert set(draws(200, top_p=1e-300)) == {0}
+    flat = [-1e-6 * i for i in range(3 * CANDIDATES)]
+    assert set(draws(50, row=flat, top_p=1e-300)) == {0}
+
+
 def test_top_k_then_top_p_renormalises_the_kept_tokens():
     # top_k 2 leaves 0.5 / 0.8 = 0.625 and 0.375: top_p 0.6 then keeps token 0 alone
     assert set(draws(300, top_k=2, top_p=0.6)) == {0}
