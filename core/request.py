@@ -18,10 +18,16 @@ def _next_id() -> str:
     return f"req-{next(_ids)}"
 
 
+GREEDY_TEMPERATURE = 1e-5
+"""Below this temperature sampling is greedy (vLLM's threshold)."""
+
+
 class SamplingParams(BaseModel):
     """How the tokens of a request are chosen and when it stops (vLLM / OpenAI semantics).
 
-    - `temperature == 0` is greedy (argmax after the penalties); otherwise logits are divided by
+    - `temperature` below `GREEDY_TEMPERATURE` (1e-5, vLLM's threshold; 0 included) is greedy: the
+      argmax after the penalties (dividing by a tinier one would overflow float32 logits to ties
+      at infinity); otherwise logits are divided by
       it, then `min_p` (drop tokens whose probability is below `min_p` x the top one's), `top_k`
       (keep the k largest logits; 0 or None: all) and `top_p` (keep the smallest set of tokens whose
       probability reaches `top_p`; 1: all) filter the distribution, in that order.
@@ -71,6 +77,11 @@ class SamplingParams(BaseModel):
                 f"min_tokens ({self.min_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
             )
         return self
+
+    @property
+    def greedy(self) -> bool:
+        """True when the argmax is taken: `temperature < GREEDY_TEMPERATURE`."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:

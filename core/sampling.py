@@ -6,8 +6,8 @@ The rules, in vLLM's order, for each row:
 2. penalties: `repetition_penalty` r over the tokens of prompt and output (a positive logit is
    divided by r, a negative one multiplied), then `frequency_penalty` x count and
    `presence_penalty` x (count > 0) subtracted for the tokens of the output;
-3. `temperature == 0`: the argmax (the first one on ties); otherwise the logits are divided by the
-   temperature, then `min_p` drops the tokens whose probability is below `min_p` x the largest,
+3. `temperature` below 1e-5 (`GREEDY_TEMPERATURE`, 0 included): the argmax (the first one on
+   ties); otherwise the logits are divided by the temperature, then `min_p` drops the tokens whose probability is below `min_p` x the largest,
    `top_k` keeps the logits at least as large as the k-th largest (ties at the k-th all stay),
    `top_p` keeps the smallest set of most likely tokens whose probability reaches `top_p` (the
    probabilities renormalised after top-k), and one token is drawn from what is left.
@@ -97,7 +97,7 @@ class Sampler:
 
     def _sample_list(self, seq: Sequence, row: Seq[float], eos_token_id: int | None) -> int:
         x = processed_logits(seq, row, eos_token_id)
-        if seq.sampling.temperature == 0.0:
+        if seq.sampling.greedy:
             return max(range(len(x)), key=x.__getitem__)
         probs = filtered_probs(x, seq)
         seed = request_seed(seq)

@@ -38,7 +38,7 @@ def sample_tensor(
     ban_cols: list[int] = []
     for i, seq in enumerate(seqs):
         p = seq.sampling
-        (greedy if p.temperature == 0.0 else drawn).append(i)
+        (greedy if p.greedy else drawn).append(i)
         if p.needs_penalties:
             penalised.append(i)
         if p.min_tokens:

@@ -37,6 +37,16 @@ def test_greedy_is_the_argmax_and_the_first_on_ties():
     assert Sampler().sample([seq(i, temperature=0.0) for i in range(3)], logits) == [1, 0, 1]
 
 
+def test_a_temperature_below_1e_5_is_greedy_even_where_dividing_would_overflow():
+    # logits / 1e-300 are +inf for every positive logit: a draw would take the first of them (0),
+    # not the argmax (1); below vLLM's 1e-5 the sampler takes the argmax, on tensors and lists alike
+    row = [1.0, 3.0, 2.0, -1.0]
+    for t in (1e-300, 1e-40, 9e-6, 0.0):
+        assert Sampler().sample([seq(i, temperature=t) for i in range(4)], rows(row, 4)) == [1] * 4
+        assert Sampler().sample([seq(temperature=t)], [row]) == [1]
+    assert SamplingParams(temperature=1e-5).greedy is False
+
+
 def test_greedy_rows_in_a_batch_with_sampled_rows_stay_the_argmax():
     logits = rows([0.0, 3.0, 1.0, 2.9], 6)
     seqs = [seq(i, temperature=0.0 if i % 2 else 5.0, seed=i) for i in range(6)]
