@@ -94,8 +94,7 @@ class Engine(Intake):
         self._reap_error: PluginError | None = None  # an `on_finished` error met by `abort`
         self.last_plan_empty = False
         self.last_step_progressed = False
-        """Whether the last step computed a token past some request's previous high-water mark
-        (`Sequence.max_computed`); preemptions and recomputation are not progress."""
+        """Whether the last step computed a token past a request's high-water mark (`max_computed`)."""
         self._validation_context = validation_context(config, executor, tokenizer is not None)
         vocab = self._validation_context.get("vocab_size")
         self._vocab_size = vocab if isinstance(vocab, int) else None
