@@ -19,15 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ..request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
 
 
-UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions",
-               "response_format")
+UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions", "response_format")
 """OpenAI fields this server does not implement: a request that asks for one (a value other than
 null, false, 0, empty or, for `response_format`, `{"type": "text"}`) answers 400 naming it rather
 than a reply that silently lacks it."""
 
 
 class _Body(BaseModel):
-    # unknown fields (user, metadata, ...) are accepted and ignored, as OpenAI's are; fields of
+    # unknown fields (user, store, ...) are accepted and ignored, as OpenAI's are; fields of
     # features not implemented here (`UNSUPPORTED`) are refused when they ask for something
     model_config = ConfigDict(extra="ignore")
 
@@ -177,8 +176,8 @@ def describe(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        e["msg"] = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {e['msg']}" if loc else e["msg"])
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 

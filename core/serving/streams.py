@@ -120,11 +120,7 @@ class StreamGroup:
         """None until every stream ended; then failed or cancelled if one was, else the first's."""
         if not self.finished:
             return None
-        reasons = [s.finish_reason for s in self.streams]
-        for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
-            if bad in reasons:
-                return bad
-        return reasons[0]
+        return end_of([s.finish_reason for s in self.streams])
 
     @property
     def error(self) -> str | None:
@@ -154,11 +150,15 @@ class StreamGroup:
             await self.wait()
 
 
-def request_end(choices: list[Choice]) -> FinishReason:
-    """A request's end from its samples' ends: failed if one failed, else cancelled if one was,
-    else the first sample's (stop, eos, length: each sample keeps its own)."""
-    reasons = {c.finish_reason for c in choices}
+def end_of(reasons: list[FinishReason | None]) -> FinishReason:
+    """One end from several (a request's samples, a batch's requests): failed if one failed, else
+    cancelled if one was, else the first one's (stop, eos, length: each keeps its own)."""
     for bad in (FinishReason.FAILED, FinishReason.CANCELLED):
         if bad in reasons:
             return bad
-    return choices[0].finish_reason or FinishReason.FAILED
+    return reasons[0] or FinishReason.FAILED
+
+
+def request_end(choices: list[Choice]) -> FinishReason:
+    """A request's end from its samples' ends (`end_of`)."""
+    return end_of([c.finish_reason for c in choices])
