@@ -12,8 +12,8 @@ from .config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import NoProgressError, PluginError
 from .forking import with_rows
-from .logprobs import record_logprobs
 from .intake import Intake, validation_context
+from .logprobs import record_logprobs
 from .metrics import MetricsCollector
 from .outputs import Appender, RequestOutput
 from .plan import StepPlan, StepResult

@@ -22,8 +22,8 @@ arrives). If its backlog then kept requests waiting (`SATURATED_QUEUED_SHARE` of
 `STEADY_SPANS` service times after the last arrival, the engine served as fast as it can all that
 while: C = the rate requests completed at then (an overloaded run: a burst of requests arriving
 far faster than the engine serves them). Else its load is *short* and no capacity is estimated
-from it. Otherwise the load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the time at an offered
-rate below `LIGHT_LOAD` x C (near capacity, requests that arrive regularly may not queue either,
+from it. Otherwise the load is *light* when requests waited less than `LIGHT_QUEUED_SHARE` of the
+time at an offered rate below `LIGHT_LOAD` x C (near capacity, requests that arrive regularly may not queue either,
 and a higher rate would not help), *heavy* when the offered rate is above `HEAVY_LOAD` x C, else
 fine. The suggestion is the `--rate-scale` that
 offers `TARGET_LOAD` x C.

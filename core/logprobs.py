@@ -27,9 +27,8 @@ def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int]) -> Non
         index = torch.tensor(rows, device=logits.device)
         lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
         chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device)).squeeze(1).tolist()
-        k = max(seqs[i].sampling.logprobs for i in rows)
-        top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
-        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        k = min(max(seqs[i].sampling.logprobs for i in rows), lp.shape[-1])  # a vocabulary under 20
+        top_lp, top_ids = (t.tolist() for t in lp.topk(k, dim=-1))
     for j, i in enumerate(rows):
         seq = seqs[i]
         want = seq.sampling.logprobs

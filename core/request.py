@@ -27,8 +27,7 @@ class SamplingParams(BaseModel):
 
     - `temperature` below `GREEDY_TEMPERATURE` (1e-5, vLLM's threshold; 0 included) is greedy: the
       argmax after the penalties (dividing by a tinier one would overflow float32 logits to ties
-      at infinity); otherwise logits are divided by
-      it, then `min_p` (drop tokens whose probability is below `min_p` x the top one's), `top_k`
+      at infinity); otherwise logits are divided by it, then `min_p` (drop tokens whose probability is below `min_p` x the top one's), `top_k`
       (keep the k largest logits; 0 or None: all) and `top_p` (keep the smallest set of tokens whose
       probability reaches `top_p`; 1: all) filter the distribution, in that order.
     - `repetition_penalty` (> 0, 1 = off) divides the positive logits and multiplies the negative

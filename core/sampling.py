@@ -7,8 +7,8 @@ The rules, in vLLM's order, for each row:
    divided by r, a negative one multiplied), then `frequency_penalty` x count and
    `presence_penalty` x (count > 0) subtracted for the tokens of the output;
 3. `temperature` below 1e-5 (`GREEDY_TEMPERATURE`, 0 included): the argmax (the first one on
-   ties); otherwise the logits are divided by the temperature, then `min_p` drops the tokens whose probability is below `min_p` x the largest,
-   `top_k` keeps the logits at least as large as the k-th largest (ties at the k-th all stay),
+   ties); otherwise the logits are divided by the temperature, then `min_p` drops the tokens
+   whose probability is below `min_p` x the largest, `top_k` keeps the logits at least as large as the k-th largest (ties at the k-th all stay),
    `top_p` keeps the smallest set of most likely tokens whose probability reaches `top_p` (the
    probabilities renormalised after top-k), and one token is drawn from what is left.
 
