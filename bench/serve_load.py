@@ -28,8 +28,9 @@ one ends); prints, for each `--window` (10 s) while both had requests waiting, t
 served and their ratio against the weights'.
 
 Connections are kept alive and reused, as the `openai` client's pool does (`--no-keep-alive`: one
-per request, each paying a TCP connect and uvicorn's accept). The server and the clients are pinned to separate halves of the CPUs (`--no-pin`: not), as if the
-clients ran on another host: see `_split_cpus`.
+per request, each paying a TCP connect and uvicorn's accept). The server and the clients are
+pinned to separate halves of the CPUs (`--no-pin`: not), as if the clients ran on another host:
+see `_split_cpus`.
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
 """
@@ -305,7 +306,8 @@ def main() -> None:
         proc = mp.get_context("spawn").Process(target=_client_main, args=(
             srv.url + "/v1/chat/completions",
             {"rate": args.rate, "duration": duration, "max_clients": max_clients,
-             "disconnect": args.disconnect, "seed": args.seed, "tenants": tenants, "closed": args.closed, "keep_alive": args.keep_alive},
+             "disconnect": args.disconnect, "seed": args.seed, "tenants": tenants, "closed": args.closed,
+             "keep_alive": args.keep_alive},
             child, client_cpus))
         proc.start()
         doc = parent.recv()
