@@ -20,7 +20,8 @@ from .sequence import FinishReason, Sequence
 
 def validation_context(config: EngineConfig, executor: Any, tokenizer: bool) -> dict[str, Any]:
     """The limits a request is validated against: the config's, narrowed by the executor's model
-    (`vocab_size`, a shorter `max_model_len`); `tokenizer`: whether stop strings can be applied."""
+    (`vocab_size`, a shorter `max_model_len` and why, when the model says); `tokenizer`: whether
+    stop strings can be applied."""
     context: dict[str, Any] = {
         "max_model_len": config.max_model_len, "max_kv_tokens": config.max_kv_tokens,
         "max_num_seqs": config.max_num_seqs, "tokenizer": tokenizer,
@@ -29,8 +30,11 @@ def validation_context(config: EngineConfig, executor: Any, tokenizer: bool) -> 
     if vocab is not None:
         context["vocab_size"] = vocab
     model_len = getattr(executor, "max_model_len", None)
-    if model_len is not None and model_len < config.max_model_len:
+    if model_len is not None and model_len <= config.max_model_len:
         context["max_model_len"] = model_len
+        reason = getattr(executor, "max_model_len_reason", None)
+        if reason:
+            context["max_model_len_reason"] = reason
     return context
 
 

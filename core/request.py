@@ -155,9 +155,10 @@ def length_problem(prompt_len: int, max_new_tokens: int, n: int, context: dict) 
     total = prompt_len + max_new_tokens
     max_len = context.get("max_model_len")
     if max_len is not None and total > max_len:
+        why = context.get("max_model_len_reason")
         return (
             f"prompt_token_ids ({prompt_len} tokens) + sampling.max_new_tokens "
-            f"({max_new_tokens}) = {total} exceeds max_model_len={max_len}"
+            f"({max_new_tokens}) = {total} exceeds max_model_len={max_len}" + (f" ({why})" if why else "")
         )
     max_tokens = context.get("max_kv_tokens")
     if max_tokens is not None and total > max_tokens:

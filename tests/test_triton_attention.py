@@ -42,9 +42,12 @@ DEVICES = [
 TILES = {"block_m": 16, "block_n": 16}
 
 
-def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=None, softcap=None,
+              sinks=None):
     """Per sequence: gather positions 0..seq_len-1 through the block table, repeat KV heads for
-    the query-head groups, causal softmax attention in float64."""
+    the query-head groups, causal softmax attention in float64 (with a sliding `window`: keys
+    `p - window < k <= p`; `softcap`: `softcap * tanh(s / softcap)` before the mask; `sinks`: one
+    extra logit per head in the softmax, its probability dropped)."""
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -59,8 +62,18 @@ def reference(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scal
         qs = q[start:end].cpu().double()
         q_pos = seq_len - q_len + torch.arange(q_len)
         scores = torch.einsum("thd,khd->htk", qs, k) * scale
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-        out[start:end] = torch.einsum("htk,khd->thd", scores.softmax(-1), v)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        hidden = pos[None, None, :] > q_pos[None, :, None]
+        if window is not None:
+            hidden |= pos[None, None, :] <= q_pos[None, :, None] - window
+        scores = scores.masked_fill(hidden, float("-inf"))
+        if sinks is not None:
+            sink = sinks.cpu().double()[:, None, None].expand(-1, q_len, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        out[start:end] = torch.einsum("htk,khd->thd", probs, v)
     return out
 
 
@@ -106,9 +119,12 @@ TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 def check(seqs, *, device="cpu", dtype=torch.float32, block_size=4, num_kv_heads=2, group=2, head_dim=64, **kw):
     batch = make_batch(seqs, block_size=block_size, num_kv_heads=num_kv_heads, group=group, head_dim=head_dim,
                        dtype=dtype, device=device)
-    out = ta.paged_attention(**batch, **{**TILES, **kw})
+    variant = {k: kw.pop(k) for k in ("window", "softcap", "sinks") if k in kw}
+    if "sinks" in variant:
+        variant["sinks"] = variant["sinks"].to(device)
+    out = ta.paged_attention(**batch, **{**TILES, **kw}, **variant)
     assert out.shape == batch["q"].shape and out.dtype == dtype and out.device.type == device
-    expected = reference(**batch)
+    expected = reference(**batch, **variant)
     err = (out.cpu().double() - expected).abs().max().item()
     assert err < TOL[dtype], f"max abs error {err} for {seqs}"
 
@@ -281,7 +297,8 @@ def types(fn, dtype, consts):
         if name in STRIDES:  # a tuple of strides: a cache's 4, a token tensor's 3
             return ("i32",) * STRIDES[name]
         return {"part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
-                "qsl_ptr": "*i32", "slot_ptr": "*i64", "qk_scale": "fp32"}.get(name, "i32")
+                "qsl_ptr": "*i32", "slot_ptr": "*i64", "sinks_ptr": "*fp32", "qk_scale": "fp32", "cap_in": "fp32",
+                "cap_out": "fp32"}.get(name, "i32")
     return {name: one(name) for name in fn.arg_names}
 
 def build(fn, dtype, warps, **consts):
@@ -289,12 +306,20 @@ def build(fn, dtype, warps, **consts):
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return kernel.asm["ptx"]
 
-ptx = build(td.decode_kernel, "*bf16", 8, GROUP=4, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, NUM_SPLITS=4, IEEE=False)
-assert "mma" in ptx, "decode: no tensor-core instruction"
-ptx = build(tp.prefill_kernel, "*fp16", 4, GROUP=3, TILE_TOKENS=21, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=False)
-assert "mma" in ptx, "prefill: no tensor-core instruction"
-build(tp.prefill_kernel, "*fp32", 8, GROUP=1, TILE_TOKENS=64, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=True)
-build(td.decode_merge_kernel, "*bf16", 4, BLOCK_D=128, NUM_SPLITS=4)
+PLAIN = dict(HAS_SOFTCAP=False, HAS_WINDOW=False, HAS_SINKS=False)
+ALL = dict(HAS_SOFTCAP=True, HAS_WINDOW=True, HAS_SINKS=True)
+for variant in (PLAIN, ALL):
+    ptx = build(td.decode_kernel, "*bf16", 8, GROUP=4, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, NUM_SPLITS=4, IEEE=False,
+                **variant)
+    assert "mma" in ptx, "decode: no tensor-core instruction"
+    ptx = build(tp.prefill_kernel, "*fp16", 4, GROUP=3, TILE_TOKENS=21, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64,
+                IEEE=False, **variant)
+    assert "mma" in ptx, "prefill: no tensor-core instruction"
+    build(td.decode_kernel, "*fp32", 8, GROUP=2, BLOCK_M=16, BLOCK_N=32, BLOCK_D=64, NUM_SPLITS=1, IEEE=True,
+          **variant)
+    build(tp.prefill_kernel, "*fp32", 8, GROUP=1, TILE_TOKENS=64, BLOCK_M=64, BLOCK_N=32, BLOCK_D=64, IEEE=True,
+          **variant)
+    build(td.decode_merge_kernel, "*bf16", 4, BLOCK_D=128, NUM_SPLITS=4, HAS_SINKS=variant["HAS_SINKS"])
 build(ta.write_kv_kernel, "*bf16", 4, BLOCK_H=8, BLOCK_D=128)
 print("ok")
 """
@@ -335,3 +360,60 @@ def test_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     batch = make_batch([(5, 1)], block_size=4, num_kv_heads=2, group=2, head_dim=64)
     with pytest.raises(RuntimeError, match="triton attention needs CUDA tensors \\(got cpu\\)"):
         ta.paged_attention(**batch)
+
+
+# --- the attention variants transformers asks for: sliding window, logit softcap, sinks -------------
+
+SINKS = torch.tensor([0.5, -1.0, 2.0, 8.0, 0.0, -3.0, 1.5, 4.0])  # one logit per query head (8 heads max)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_sliding_window(device, window):
+    # decodes and chunks longer and shorter than the window, a chunk starting past it, split keys
+    seqs = [(30, 1), (3, 1), (40, 37), (26, 20), (9, 9), (50, 2)]
+    check(seqs, device=device, block_size=4, group=2, window=window)
+    check(decode_seqs([70, 1, 9, 33]), device=device, block_size=4, group=2, window=window, num_splits=4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("softcap", [1.0, 50.0])
+def test_softcap(device, softcap):
+    seqs = [(12, 1), (5, 5), (30, 11), (19, 1), (3, 2)]
+    check(seqs, device=device, block_size=4, group=2, softcap=softcap)
+    check(decode_seqs([70, 9]), device=device, block_size=4, group=2, softcap=softcap, num_splits=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_sinks(device, splits):
+    # a sink logit of 8 takes most of the probability: the scale of every output row depends on it
+    seqs = [(12, 1), (5, 5), (30, 11), (70, 1), (3, 2)]
+    check(seqs, device=device, block_size=4, group=4, num_kv_heads=2, sinks=SINKS, num_splits=splits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_variants_together_match_the_torch_reference(device):
+    """The executor's two implementations agree: the kernels and `reference_attention` (the CPU
+    path) on one batch with window, softcap and sinks at once."""
+    from metroline.executors.torch import reference_attention
+
+    batch = make_batch([(30, 1), (26, 20), (9, 9), (50, 2)], block_size=4, num_kv_heads=2, group=2, head_dim=64,
+                       device=device)
+    variant = dict(window=6, softcap=2.0, sinks=SINKS[:4].to(device))
+    out = ta.paged_attention(**batch, **TILES, **variant)
+    ref = reference_attention.paged_attention(*(batch[k].cpu() for k in ("q", "k_cache", "v_cache", "block_tables",
+                                                                         "seq_lens", "query_start_loc")),
+                                              batch["scale"], window=6, softcap=2.0, sinks=SINKS[:4])
+    assert (out.cpu() - ref).abs().max().item() < 1e-4
+    assert (ref.double() - reference(**batch, **{**variant, "sinks": SINKS[:4]})).abs().max().item() < 1e-4
+
+
+def test_variant_arguments_are_checked():
+    batch = make_batch([(5, 1)], block_size=4, num_kv_heads=2, group=2, head_dim=64)
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        ta.paged_attention(**batch, window=0)
+    with pytest.raises(ValueError, match="softcap must be > 0"):
+        ta.paged_attention(**batch, softcap=-1.0)
+    with pytest.raises(ValueError, match=r"sinks must be \[num_heads = 4\]"):
+        ta.paged_attention(**batch, sinks=torch.zeros(3))

@@ -31,13 +31,15 @@ class StepMeta:
     `k_caches`, `v_caches`: one `[num_blocks, block_size, num_kv_heads, head_dim]` tensor per layer,
     `ops`: the module with `write_kv` and `paged_attention` to use. When `ops` also has `plan_step`
     and `attend` (the torch reference), `layout` is its plan of the step, made once here for
-    every layer.
+    every layer. `calls`: when a list, each attention call appends its layer index (how the load
+    check sees that every layer went through this function).
     """
 
     __slots__ = ("slot_mapping", "block_tables", "seq_lens", "query_start_loc", "k_caches", "v_caches", "ops",
-                 "layout")
+                 "layout", "calls")
 
-    def __init__(self, slot_mapping, block_tables, seq_lens, query_start_loc, k_caches, v_caches, ops) -> None:
+    def __init__(self, slot_mapping, block_tables, seq_lens, query_start_loc, k_caches, v_caches, ops,
+                 calls: list[int] | None = None) -> None:
         self.slot_mapping = slot_mapping
         self.block_tables = block_tables
         self.seq_lens = seq_lens
@@ -45,6 +47,7 @@ class StepMeta:
         self.k_caches = k_caches
         self.v_caches = v_caches
         self.ops = ops
+        self.calls = calls  # when a list: the layer index of every attention call (the load check)
         plan_step = getattr(ops, "plan_step", None)
         self.layout = plan_step(block_tables, seq_lens, query_start_loc, k_caches[0].shape[1]) if plan_step else None
 
@@ -74,6 +77,45 @@ def attention_ops(device: torch.device) -> Any:
     return reference_attention
 
 
+IMPLEMENTED_ARGUMENTS = ("scaling", "dropout", "sliding_window", "softcap", "s_aux")
+"""The arguments transformers passes to an attention function that metroline's attention honours:
+the scale, dropout (0 at inference; anything else is refused), the layer's sliding window, logit
+softcapping and attention sinks (`s_aux`, GPT-OSS)."""
+
+NEUTRAL_ARGUMENTS = {
+    "position_ids": None, "cache_position": None, "use_cache": None, "output_attentions": (False, None),
+    "output_hidden_states": (False, None), "return_dict": None, "output_router_logits": None, "is_causal": (True, None),
+    "head_mask": (None,), "layer_head_mask": (None,), "position_bias": (None,), "sinks": (None,),
+}
+"""Arguments that change nothing here: name -> the values that are neutral (None: any value; the
+positions were applied by the rotary embedding before attention). Any other value, and any
+argument in neither list, is refused (`UnsupportedAttention`), never ignored."""
+
+
+class UnsupportedAttention(ValueError):
+    """The model asked the attention function for something metroline's attention does not do."""
+
+
+def check_arguments(kwargs: dict[str, Any]) -> None:
+    """Raise `UnsupportedAttention` naming the first argument in `kwargs` (beyond the implemented
+    ones) that is not neutral at the value given."""
+    for name, value in kwargs.items():
+        if name not in NEUTRAL_ARGUMENTS:
+            raise UnsupportedAttention(f"passes the attention argument {name}={_short(value)}, which metroline's "
+                                       f"paged attention does not implement")
+        neutral = NEUTRAL_ARGUMENTS[name]
+        if neutral is not None and not any(value is v or (v is not None and value == v) for v in neutral):
+            raise UnsupportedAttention(f"passes the attention argument {name}={_short(value)}, which metroline's "
+                                       f"paged attention does not implement")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def paged_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -82,27 +124,45 @@ def paged_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: `query [1, heads, tokens, dim]`, `key`/`value`
-    `[1, kv_heads, tokens, dim]`; returns `[1, tokens, heads, dim]` and no weights."""
+    `[1, kv_heads, tokens, dim]`; returns `[1, tokens, heads, dim]` and no weights.
+
+    `sliding_window` (this layer's window, None for a full layer), `softcap` and `s_aux` (sink
+    logits, one per query head) are honoured; `kwargs` must be neutral (`check_arguments`)."""
     meta = _current
     if meta is None:
         raise RuntimeError("metroline_paged attention called outside a metroline step")
+    if kwargs:
+        check_arguments(kwargs)
+    if dropout:
+        raise UnsupportedAttention(f"passes dropout={dropout}: metroline runs inference only (model.eval())")
+    if attention_mask is not None:
+        raise UnsupportedAttention("builds its own attention mask instead of going through transformers' "
+                                   "mask interface, which metroline's paged attention would ignore")
     if query.shape[0] != 1:
         raise ValueError(f"metroline_paged attention expects one packed batch, got batch size {query.shape[0]}")
     layer = module.layer_idx
     k_cache, v_cache = meta.k_caches[layer], meta.v_caches[layer]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window = sliding_window or None
+    cap = softcap or None
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
     if meta.layout is not None:  # the torch reference takes any strides
         meta.ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        out = meta.ops.attend(q, k_cache, v_cache, meta.layout, scale)
+        out = meta.ops.attend(q, k_cache, v_cache, meta.layout, scale, window=window, softcap=cap, sinks=s_aux)
     else:
         meta.ops.write_kv(k_cache, v_cache, k.contiguous(), v.contiguous(), meta.slot_mapping)
         out = meta.ops.paged_attention(
-            q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+            q.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
+            window=window, softcap=cap, sinks=s_aux,
         )
+    if meta.calls is not None:
+        meta.calls.append(layer)
     return out.unsqueeze(0), None
 
 

@@ -17,7 +17,7 @@ import torch
 
 from ...core.plan import StepPlan, StepResult
 from ..base import ExecutorStats
-from . import attention, linear
+from . import attention, linear, support
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 
 CPU_KV_BUDGET = 1 << 30
@@ -39,11 +39,13 @@ class TorchExecutor:
     def __init__(
         self, model: Any, tokenizer: Any = None, *, source: str = "model", kv_memory: int | None = None
     ) -> None:
+        cfg = model.config
+        support.check_class(type(model), cfg)
+        support.check_config(cfg)
         model.set_attn_implementation(attention.register())
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.source = source
-        cfg = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.num_layers = cfg.num_hidden_layers
@@ -51,11 +53,9 @@ class TorchExecutor:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.vocab_size = cfg.vocab_size
-        self.max_model_len = getattr(cfg, "max_position_embeddings", None)
-        window = getattr(cfg, "sliding_window", None)
-        if window and getattr(cfg, "use_sliding_window", True):
-            # the paged attention attends to the whole context: stay within the window
-            self.max_model_len = min(self.max_model_len or window, window)
+        # the model's context (sliding-window layers mask what they must not see: the window is no
+        # limit), shorter only where a length-dependent rope would change its factors
+        self.max_model_len, self.max_model_len_reason = support.context_limit(cfg)
         eos = getattr(model.generation_config, "eos_token_id", None)
         if eos is None:
             eos = cfg.eos_token_id
@@ -63,6 +63,7 @@ class TorchExecutor:
         self.kv_bytes_per_token = kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
         self.kv_memory = kv_memory
         self.ops = attention.attention_ops(self.device)
+        support.probe(model, self.num_layers, self.num_kv_heads, self.head_dim, self.ops)
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
         self.stats = ExecutorStats()
@@ -82,7 +83,10 @@ class TorchExecutor:
         dt = loader.resolve_dtype(dtype, dev)
         hf_model, tokenizer, folder = loader.load(model, dt, dev, attention.register())
         budget = None if kv_memory_gb is None else int(kv_memory_gb * (1 << 30))
-        return cls(hf_model, tokenizer, source=model, kv_memory=budget)
+        try:
+            return cls(hf_model, tokenizer, source=model, kv_memory=budget)
+        except support.UnsupportedModel as e:
+            raise support.UnsupportedModel(f"--model: {e}") from None
 
     # --- the KV pool -------------------------------------------------------------------------
 

@@ -106,6 +106,27 @@ def _dequantize_to_cache(path: Path, target: Path) -> None:
         raise
 
 
+def check_architecture(folder: Path) -> None:
+    """Refuse, before loading any weights, a model whose class transformers does not know as a
+    causal LM or whose attention metroline cannot replace (`support`): one line naming the model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from . import support
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"--model {folder}: cannot read its config ({' '.join(str(e).split())[:200]})") from None
+    model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if model_class is None:
+        raise ValueError(f"--model: {support.model_type(config)}: not a causal language model transformers knows")
+    try:
+        support.check_class(model_class, config)
+        support.check_config(config)
+    except support.UnsupportedModel as e:
+        raise support.UnsupportedModel(f"--model: {e}") from None
+
+
 def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> tuple[Any, Any, str]:
     """Load `(model, tokenizer, folder)`; a GGUF goes through the cache first."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,6 +138,7 @@ def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementatio
             _dequantize_to_cache(path, folder)
     else:
         folder = path
+    check_architecture(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
     model.to(device).eval()
     try:

@@ -10,6 +10,12 @@ batched attention over their contexts gathered block by block and padded to the 
 prefill chunks in batches of equal (query length, context length). Both go through torch's
 `scaled_dot_product_attention` on strided views of the gathered blocks (no copy to a head-major
 layout, no float32 copy of float32 data).
+
+Three variants of attention that transformers asks for per layer are honoured, with the semantics
+of its eager implementation: a sliding window (a query at position `p` sees keys `p - window < k <=
+p`), logit softcapping (`softcap * tanh(scores / softcap)` before the mask) and attention sinks (one
+learned logit per query head that joins the softmax's denominator and contributes no value). The
+masks of each window are made once per step and shared by the layers that use it.
 """
 
 from __future__ import annotations
@@ -32,19 +38,38 @@ class StepLayout:
     """Where each query row of one step reads its context, shared by every layer.
 
     - `num_tokens`: query rows in the step.
-    - `parts`: one entry per batched attention, `(rows, blocks, count, q_len, width, mask)`: `rows`
+    - `parts`: one entry per batched attention, `(rows, blocks, count, q_len, width, q_pos)`: `rows`
       the query rows it computes (a slice, or an int64 tensor), `blocks` int64 `[count * nb]` the
       cache blocks of its `count` sequences (`nb` each), `q_len` query tokens per sequence, `width`
-      context slots read per sequence (the first `width` of the gathered `nb * block_size`), `mask`
-      an additive float mask broadcastable to `[count, heads, q_len, width]` (0 where a slot is
-      visible, -inf where not), or None for plain causal attention (`q_len == width`).
+      context slots read per sequence (the first `width` of the gathered `nb * block_size`), `q_pos`
+      the position of each query row, int64 `[count or 1, q_len]` (a prefill group's sequences
+      share theirs).
+    `mask(i, window)` is part `i`'s additive float mask (0 where a slot is visible, -inf where not),
+    broadcastable to `[count, heads, q_len, width]`, or None for plain causal attention.
     """
 
-    __slots__ = ("num_tokens", "parts")
+    __slots__ = ("num_tokens", "parts", "_masks")
 
     def __init__(self, num_tokens: int, parts: list[tuple]) -> None:
         self.num_tokens = num_tokens
         self.parts = parts
+        self._masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
+
+    def mask(self, i: int, window: int | None) -> torch.Tensor | None:
+        """Part `i`'s mask for a layer with sliding `window` (None: full causal), made once a step."""
+        key = (i, window)
+        if key not in self._masks:
+            _, _, _, q_len, width, q_pos = self.parts[i]
+            if window is None and q_len == width and q_pos.shape[0] == 1:
+                self._masks[key] = None  # a whole prompt: is_causal
+            else:
+                k = torch.arange(width, device=q_pos.device)
+                visible = k <= q_pos[:, :, None]
+                if window is not None:
+                    visible &= k > q_pos[:, :, None] - window
+                mask = torch.zeros(visible.shape, device=q_pos.device).masked_fill_(~visible, float("-inf"))
+                self._masks[key] = mask[:, None]
+        return self._masks[key]
 
 
 def plan_step(
@@ -69,19 +94,13 @@ def plan_step(
     if decodes:
         ctx = [lens[s] for s in decodes]
         nb = -(-max(ctx) // block_size)
-        width = nb * block_size
-        visible = torch.arange(width, device=dev)[None, :] < torch.tensor(ctx, device=dev)[:, None]
-        mask = torch.zeros(visible.shape, device=dev).masked_fill_(~visible, float("-inf"))
-        parts.append((_rows(decodes, starts, dev), _blocks(tables, decodes, nb, dev), len(decodes), 1, width,
-                      mask[:, None, None, :]))
+        q_pos = torch.tensor(ctx, device=dev)[:, None] - 1
+        parts.append((_rows(decodes, starts, dev), _blocks(tables, decodes, nb, dev), len(decodes), 1,
+                      nb * block_size, q_pos))
     for (q_len, ctx_len), seqs in groups.items():
-        mask = None
-        if ctx_len != q_len:  # a chunk after cached context: query i sits at ctx_len - q_len + i
-            pos = torch.arange(ctx_len - q_len, ctx_len, device=dev)
-            future = torch.arange(ctx_len, device=dev)[None, :] > pos[:, None]
-            mask = torch.zeros(future.shape, device=dev).masked_fill_(future, float("-inf"))
         nb = -(-ctx_len // block_size)
-        parts.append((_rows(seqs, starts, dev), _blocks(tables, seqs, nb, dev), len(seqs), q_len, ctx_len, mask))
+        q_pos = torch.arange(ctx_len - q_len, ctx_len, device=dev)[None, :]
+        parts.append((_rows(seqs, starts, dev), _blocks(tables, seqs, nb, dev), len(seqs), q_len, ctx_len, q_pos))
     return StepLayout(starts[-1], parts)
 
 
@@ -99,19 +118,30 @@ def _blocks(tables: torch.Tensor, seqs: list[int], nb: int, dev: torch.device) -
     return tables[torch.tensor(seqs, device=dev), :nb].reshape(-1)
 
 
-def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: StepLayout, scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: StepLayout, scale: float, *,
+    window: int | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One layer's causal attention of the packed queries `q: [num_tokens, num_heads, head_dim]` (any
     strides) over the paged caches, as `layout` says. Returns `[num_tokens, num_heads, head_dim]`
-    in `q`'s dtype. Query head `h` reads KV head `h // (num_heads // num_kv_heads)`."""
+    in `q`'s dtype. Query head `h` reads KV head `h // (num_heads // num_kv_heads)`.
+
+    `window`: this layer's sliding window (keys older than `window` positions are masked);
+    `softcap`: logit softcapping; `sinks: [num_heads]`: attention-sink logits."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     groups = num_heads // num_kv_heads
+    explicit = softcap is not None or sinks is not None
     out = None
-    for rows, blocks, count, q_len, width, mask in layout.parts:
+    for i, (rows, blocks, count, q_len, width, _) in enumerate(layout.parts):
         k = k_cache.index_select(0, blocks).view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
         v = v_cache.index_select(0, blocks).view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
+        mask = layout.mask(i, window)
         qs = q[rows]
-        if q_len == 1:  # the query heads of one KV head are that head's query rows: no repeat of K/V
+        if explicit:
+            o = _attend_explicit(qs.view(count, q_len, num_heads, head_dim).transpose(1, 2), k, v, mask, scale,
+                                 softcap, sinks).transpose(1, 2).reshape(count * q_len, num_heads, head_dim)
+        elif q_len == 1:  # the query heads of one KV head are that head's query rows: no repeat of K/V
             o = F.scaled_dot_product_attention(
                 qs.reshape(count, num_kv_heads, groups, head_dim), k, v, attn_mask=mask, scale=scale
             ).view(count, num_heads, head_dim)
@@ -130,6 +160,34 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout
     return out
 
 
+def _attend_explicit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    softcap: float | None, sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention written out, for what `scaled_dot_product_attention` cannot express (softcap,
+    sinks), in the order of transformers' eager attention: scale, softcap, mask, softmax (with the
+    sink as an extra logit that takes probability and gives no value). `q: [count, heads, q_len,
+    dim]`, `k, v: [count, kv_heads, width, dim]`; returns `[count, heads, q_len, dim]`."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        q_len, width = scores.shape[-2:]
+        mask = torch.zeros(q_len, width, device=q.device).masked_fill_(
+            torch.ones(q_len, width, dtype=torch.bool, device=q.device).triu(width - q_len + 1), float("-inf"))
+    scores = scores + mask
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+        probs = torch.softmax(scores - scores.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -138,6 +196,10 @@ def paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed queries over each sequence's paged context (`plan_step` then
     `attend`).
@@ -145,7 +207,10 @@ def paged_attention(
     `q: [num_tokens, num_heads, head_dim]`, packed by sequence: sequence `s` owns rows
     `query_start_loc[s]:query_start_loc[s + 1]`. `seq_lens[s]` is its context length after this step,
     so its query row `i` sits at position `seq_lens[s] - q_len + i` and attends to positions up to
-    its own. `block_tables: int32 [num_seqs, max_blocks]` (padded with any valid block id). Query head `h` reads KV head
-    `h // (num_heads // num_kv_heads)`. Returns `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
+    its own (and, with a sliding `window`, after its own minus `window`). `block_tables: int32
+    [num_seqs, max_blocks]` (padded with any valid block id). Query head `h` reads KV head
+    `h // (num_heads // num_kv_heads)`. `softcap` caps the logits, `sinks: [num_heads]` adds one
+    sink logit per head. Returns `[num_tokens, num_heads, head_dim]` in `q`'s dtype.
     """
-    return attend(q, k_cache, v_cache, plan_step(block_tables, seq_lens, query_start_loc, k_cache.shape[1]), scale)
+    layout = plan_step(block_tables, seq_lens, query_start_loc, k_cache.shape[1])
+    return attend(q, k_cache, v_cache, layout, scale, window=window, softcap=softcap, sinks=sinks)

@@ -89,7 +89,8 @@ def write_kv(
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor, scale: float, *, max_query_len: int | None = None, max_seq_len: int | None = None,
-    num_splits: int | None = None, block_m: int = 64, block_n: int = 32,
+    num_splits: int | None = None, block_m: int = 64, block_n: int = 32, window: int | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query tokens over their sequences' paged KV (the interface of
     `reference_attention.paged_attention`, plus launch hints).
@@ -105,7 +106,11 @@ def paged_attention(
     sizes the prefill grid (must be >= the longest query; default num_tokens - num_seqs + 1);
     `max_seq_len` (default block_tables' width x block_size) and `num_splits` (a power of two)
     choose the decode key splits; `block_m` (query rows per prefill tile) and `block_n` (keys per
-    tile) are powers of two >= 16. Only `max_query_len` can change the result (if too small)."""
+    tile) are powers of two >= 16. Only `max_query_len` can change the result (if too small).
+
+    The layer's variant, as `reference_attention.attend`: `window` (sliding window: keys older than
+    `window` positions are masked and never read), `softcap` (logits `softcap * tanh(s / softcap)`),
+    `sinks: [num_heads]` (one sink logit per query head in the softmax's denominator)."""
     block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     if q.dim() != 3 or q.shape[2] != head_dim:
         raise ValueError(f"q must be [num_tokens, num_heads, {head_dim}], got {tuple(q.shape)}")
@@ -126,7 +131,13 @@ def paged_attention(
             raise ValueError(f"{name} must be a power of two >= {DOT_MIN}, got {value}")
     if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1) or num_splits > 64):
         raise ValueError(f"num_splits must be a power of two in [1, 64], got {num_splits}")
-    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 (or None), got {window}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0 (or None), got {softcap}")
+    if sinks is not None and (sinks.shape != (num_heads,)):
+        raise ValueError(f"sinks must be [num_heads = {num_heads}], got {tuple(sinks.shape)}")
+    check_device(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *(() if sinks is None else (sinks,)))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -135,8 +146,12 @@ def paged_attention(
     query_start_loc = query_start_loc.contiguous()
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
-    paged = PagedArgs(block_tables, seq_lens, query_start_loc, float(scale) * LOG2E, block_size, head_dim,
+    sink_logits = seq_lens if sinks is None else sinks.float().contiguous()  # any pointer when unused
+    cap = float(softcap) if softcap is not None else 1.0
+    paged = PagedArgs(block_tables, seq_lens, query_start_loc, sink_logits, float(scale) * LOG2E,
+                      float(scale) / cap, cap * LOG2E, int(window or 0), block_size, head_dim,
                       block_tables.stride(0), q.stride(), out.stride(), k_cache.stride(), v_cache.stride())
+    variant = {"softcap": softcap is not None, "window": window is not None, "sinks": sinks is not None}
     block_d = max(DOT_MIN, triton.next_power_of_2(head_dim))
     ieee = q.dtype == torch.float32
     # 8 warps where 4 spill registers (checked on sm_90 cubins: head dim 128, or float32 dots)
@@ -145,9 +160,9 @@ def paged_attention(
     max_context = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
     splits = num_splits or choose_num_splits(q.device, num_seqs * num_kv_heads, max_context, block_n)
     launch_decode(q, k_cache, v_cache, out, paged, splits=splits, block_n=block_n, block_d=block_d, ieee=ieee,
-                  warps=warps)
+                  warps=warps, **variant)
     if num_tokens > num_seqs:  # some sequence has more than one query token
         bound = max_query_len if max_query_len is not None else num_tokens - num_seqs + 1
         launch_prefill(q, k_cache, v_cache, out, paged, max_query_len=bound, block_m=block_m, block_n=block_n,
-                       block_d=block_d, ieee=ieee, warps=warps)
+                       block_d=block_d, ieee=ieee, warps=warps, **variant)
     return out

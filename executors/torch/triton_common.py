@@ -44,12 +44,15 @@ add_fn = _std_add if _same_mode else _own_add
 
 @triton.jit
 def attend(
-    q, row_pos, lo, hi, k_cache_ptr, v_cache_ptr, bt_ptr, kv_head, block_size, qk_scale, kc_strides, vc_strides,
-    offs_d, d_mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    q, row_pos, lo, hi, k_cache_ptr, v_cache_ptr, bt_ptr, kv_head, block_size, qk_scale, cap_in, cap_out, window,
+    kc_strides, vc_strides, offs_d, d_mask, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """Online softmax of the rows of `q` against key positions [lo, hi) of one sequence (block table
-    at `bt_ptr`), each row seeing positions <= its `row_pos`; scores are in log2 units. Returns the
-    unnormalised output `acc` and the running max `m_i` and sum `l_i` of each row."""
+    at `bt_ptr`), each row seeing positions <= its `row_pos` (and, with `HAS_WINDOW`, > `row_pos -
+    window`); scores are in log2 units: `dot * qk_scale`, or with `HAS_SOFTCAP` `tanh(dot * cap_in)
+    * cap_out` (cap_in = scale / softcap, cap_out = softcap * log2(e)). Returns the unnormalised
+    output `acc` and the running max `m_i` and sum `l_i` of each row."""
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
@@ -65,7 +68,14 @@ def attend(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :] & (pos[None, :] <= row_pos[:, None]), s * qk_scale, float("-inf"))
+        if HAS_SOFTCAP:  # tanh(x) = 1 - 2 / (e^2x + 1): exact at both ends (e^2x = inf or 0)
+            s = (1.0 - 2.0 / (tl.exp2(s * (cap_in * 2.0 * 1.4426950408889634)) + 1.0)) * cap_out
+        else:
+            s = s * qk_scale
+        seen = valid[None, :] & (pos[None, :] <= row_pos[:, None])
+        if HAS_WINDOW:
+            seen = seen & (pos[None, :] > row_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, max_fn))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -81,13 +91,26 @@ def attend(
     return acc, m_i, l_i
 
 
+@triton.jit
+def add_sink(acc, m_i, l_i, sink):
+    """Fold a sink logit per row (log2 units) into an online softmax's state: it joins the
+    denominator and adds nothing to the output. Returns `(acc, m_i, l_i)` rescaled."""
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return acc * alpha[:, None], m_new, l_i * alpha + tl.exp2(sink - m_new)
+
+
 class PagedArgs(NamedTuple):
     """The arguments the decode and prefill kernels share, in their order after the data pointers."""
 
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
+    sinks: torch.Tensor
     qk_scale: float
+    cap_in: float
+    cap_out: float
+    window: int
     block_size: int
     head_dim: int
     block_table_stride: int

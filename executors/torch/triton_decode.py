@@ -13,17 +13,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import DOT_MIN, PagedArgs, add_fn, attend, max_fn
+from .triton_common import DOT_MIN, PagedArgs, add_fn, add_sink, attend, max_fn
 
 MAX_SPLITS = 16
 
 
 @triton.jit
 def decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, bt_ptr, seq_lens_ptr, qsl_ptr,
-    qk_scale, block_size, head_dim, s_bt, q_strides, out_strides, kc_strides, vc_strides,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, sinks_ptr,
+    qk_scale, cap_in, cap_out, window, block_size, head_dim, s_bt, q_strides, out_strides, kc_strides, vc_strides,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -32,8 +33,11 @@ def decode_kernel(
     if tl.load(qsl_ptr + seq + 1) - q_start != 1:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    tiles_per_split = ((seq_len + BLOCK_N - 1) // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS
-    lo = split * tiles_per_split * BLOCK_N
+    first = 0
+    if HAS_WINDOW:  # keys older than the window are never read
+        first = tl.maximum(seq_len - window, 0)
+    tiles_per_split = ((seq_len - first + BLOCK_N - 1) // BLOCK_N + NUM_SPLITS - 1) // NUM_SPLITS
+    lo = first + split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, seq_len)
 
     rows = tl.arange(0, BLOCK_M)
@@ -46,9 +50,13 @@ def decode_kernel(
     row_pos = tl.full([BLOCK_M], 0, tl.int32) + (seq_len - 1)
     acc, m_i, l_i = attend(
         q, row_pos, lo, hi, k_cache_ptr, v_cache_ptr, bt_ptr + seq.to(tl.int64) * s_bt, kv_head, block_size,
-        qk_scale, kc_strides, vc_strides, offs_d, d_mask, BLOCK_M, BLOCK_N, BLOCK_D, IEEE,
+        qk_scale, cap_in, cap_out, window, kc_strides, vc_strides, offs_d, d_mask, BLOCK_M, BLOCK_N, BLOCK_D, IEEE,
+        HAS_SOFTCAP, HAS_WINDOW,
     )
     if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0) * 1.4426950408889634
+            acc, m_i, l_i = add_sink(acc, m_i, l_i, sink)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_ptrs = (out_ptr + q_start.to(tl.int64) * out_strides[0] + head[:, None] * out_strides[1]
                   + offs_d[None, :] * out_strides[2])
@@ -63,8 +71,8 @@ def decode_kernel(
 
 @triton.jit
 def decode_merge_kernel(
-    out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, head_dim, out_strides,
-    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, sinks_ptr, head_dim, out_strides,
+    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -77,8 +85,15 @@ def decode_merge_kernel(
     m = tl.load(part_ml_ptr + idx * 2)
     l = tl.load(part_ml_ptr + idx * 2 + 1)
     acc = tl.load(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :])
-    w = tl.exp2(m - tl.reduce(m, 0, max_fn))
-    out = tl.reduce(acc * w[:, None], 0, add_fn) / tl.reduce(l * w, 0, add_fn)
+    m_max = tl.reduce(m, 0, max_fn)
+    if HAS_SINKS:  # the sink joins the denominator once, not once per split
+        sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+        m_max = tl.maximum(m_max, sink)
+    w = tl.exp2(m - m_max)
+    denom = tl.reduce(l * w, 0, add_fn)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m_max)
+    out = tl.reduce(acc * w[:, None], 0, add_fn) / denom
     tl.store(out_ptr + q_start.to(tl.int64) * out_strides[0] + head * out_strides[1] + offs_d * out_strides[2],
              out.to(out_ptr.dtype.element_ty), mask=offs_d < head_dim)
 
@@ -102,7 +117,7 @@ def choose_num_splits(device: torch.device, programs: int, max_context: int, blo
 
 def launch_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, paged: PagedArgs, *,
-    splits: int, block_n: int, block_d: int, ieee: bool, warps: int,
+    splits: int, block_n: int, block_d: int, ieee: bool, warps: int, softcap: bool, window: bool, sinks: bool,
 ) -> None:
     """Attend every one-token sequence of the batch into `out` (`paged`: the arguments
     the kernels share)."""
@@ -116,9 +131,10 @@ def launch_decode(
     decode_kernel[(num_seqs, num_kv_heads, splits)](
         q, k_cache, v_cache, out, part_acc, part_ml, *paged,
         GROUP=group, BLOCK_M=max(DOT_MIN, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        NUM_SPLITS=splits, IEEE=ieee, num_warps=warps,
+        NUM_SPLITS=splits, IEEE=ieee, HAS_SOFTCAP=softcap, HAS_WINDOW=window, HAS_SINKS=sinks, num_warps=warps,
     )
     if splits > 1:
         decode_merge_kernel[(num_seqs, num_heads)](
-            out, part_acc, part_ml, paged.query_start_loc, q.shape[2], out.stride(), BLOCK_D=block_d, NUM_SPLITS=splits,
+            out, part_acc, part_ml, paged.query_start_loc, paged.sinks, q.shape[2], out.stride(), BLOCK_D=block_d,
+            NUM_SPLITS=splits, HAS_SINKS=sinks,
         )
