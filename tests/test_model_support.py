@@ -328,3 +328,23 @@ def test_logits_equal_hf_forward(name: str, softcap: float | None) -> None:
         for i, p in enumerate(plain):
             ref = model(torch.tensor([p])).logits[0, -1]
             assert (recorder.first[str(i)] - ref).abs().max().item() < 1e-4, f"prompt {i} ({len(p)} tokens)"
+
+
+def test_every_load_failure_is_one_line_naming_the_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """No internal error at load: an unknown architecture and a folder without weights each give
+    one line that names the model and the cause."""
+    import json
+
+    from metroline.cli import main
+
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no_such_arch", "hidden_size": 8}))
+    no_weights = tmp_path / "no_weights"
+    AutoConfig.for_model("llama", **LLAMA_LIKE).save_pretrained(no_weights)
+    for folder, expected in ((unknown, "cannot read its config"), (no_weights, "llama: cannot load its weights")):
+        capsys.readouterr()
+        assert main(["generate", "--model", str(folder), "--max-new-tokens", "2", "hello"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("metroline: error: --model") and expected in lines[0], lines
+        assert "internal error" not in lines[0]

@@ -106,9 +106,10 @@ def _dequantize_to_cache(path: Path, target: Path) -> None:
         raise
 
 
-def check_architecture(folder: Path) -> None:
+def check_architecture(folder: Path) -> str:
     """Refuse, before loading any weights, a model whose class transformers does not know as a
-    causal LM or whose attention metroline cannot replace (`support`): one line naming the model."""
+    causal LM or whose attention metroline cannot replace (`support`): one line naming the model.
+    Returns the model type."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from . import support
@@ -125,6 +126,7 @@ def check_architecture(folder: Path) -> None:
         support.check_config(config)
     except support.UnsupportedModel as e:
         raise support.UnsupportedModel(f"--model: {e}") from None
+    return support.model_type(config)
 
 
 def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> tuple[Any, Any, str]:
@@ -138,8 +140,12 @@ def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementatio
             _dequantize_to_cache(path, folder)
     else:
         folder = path
-    check_architecture(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+    model_type = check_architecture(folder)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(f"--model: {model_type}: cannot load its weights from {folder}: {first[:300]}") from None
     model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
