@@ -101,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run"]
     args = parser.parse_args(argv)
     args.argv = list(argv)  # for the manifest of a result document
+    from .core.deprecations import show_in_cli
     from .core.diagnostics import validation_message
     from .core.errors import NoProgressError, PluginError
+
+    show_in_cli()  # a plugin's use of a deprecated name is shown (once per plugin and name)
 
     try:
         return COMMANDS[args.command or "run"](args)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
+from .deprecations import warn_attribute
 from .preemption import is_protected
 
 if TYPE_CHECKING:
@@ -27,6 +29,7 @@ class StepContext:
     - `hook`: the hook relay (`PluginManager.hook`), for a plugin that asks other plugins (e.g.
       `srpt` calls `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)`)
     - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
+    - `hooks`: deprecated spelling of `hook` (it warns once per plugin; removed in 0.3.0)
 
     One thing plugins may set: `wake_at(t)` (see there).
     """
@@ -50,6 +53,13 @@ class StepContext:
         self._pool = pool
         self.hook = None
         self.wakeup: float | None = None
+
+    @property
+    def hooks(self) -> Any:
+        """Deprecated since 0.2.0, removed in 0.3.0: use `hook` (`ctx.hook`). Reading it gives
+        `hook` and warns once per plugin with a `MetrolineDeprecationWarning`."""
+        warn_attribute("StepContext.hooks", getattr(self.hook, "owners", None), sys._getframe(1))
+        return self.hook
 
     def wake_at(self, t: float) -> None:
         """Say that a request this plugin holds back now may be admitted at time `t` (a token

@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from . import answers, hookspecs
+from .deprecations import Owners
 from .errors import PluginError
 from .plugin_loader import HOOK_NAMES
 
@@ -121,9 +122,11 @@ class HookRelay:
     monitor is on (`PluginManager.monitor`), goes through pluggy itself.
     """
 
-    def __init__(self, relay: Any, errors: list[PluginError]) -> None:
+    def __init__(self, relay: Any, errors: list[PluginError], owners: Owners | None = None) -> None:
         self._relay = relay
         self._errors = errors
+        self.owners = owners if owners is not None else Owners()
+        """Whose code is whose: which plugin read a deprecated attribute (`core/deprecations.py`)."""
         self.rebuild(monitored=False)
 
     def rebuild(self, monitored: bool) -> None:

@@ -23,7 +23,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from . import hookspecs
+from . import deprecations, hookspecs
 from .errors import PluginLoadError
 from .plugin_options import options_model, validate_options
 
@@ -155,11 +155,12 @@ def plugin_name(target: Any, spec: str) -> str:
 
 def has_hooks(target: Any) -> bool:
     """Whether `target` (a module, class or instance) has at least one `@hookimpl` named like a
-    metroline hook: what makes it a plugin rather than any importable object."""
+    metroline hook (or like a deprecated hook, `core/deprecations.py`): what makes it a plugin rather
+    than any importable object."""
     if not (inspect.ismodule(target) or inspect.isclass(target) or _is_instance(target)):
         return False
     marker = f"{hookspecs.PROJECT}_impl"
-    for hook in HOOK_NAMES:
+    for hook in (*HOOK_NAMES, *deprecations.HOOKS):
         try:
             fn = inspect.getattr_static(target, hook)
         except AttributeError:
