@@ -39,6 +39,11 @@ suite's, with its own tenants. The report's `coverage` says, for each hook your 
 how many times it was called and how many times its answer changed the answer without it (see
 `metroline.core.hook_coverage`); a hook that was never called, or never changed an answer, is a
 warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
+
+The report also lists the plugin's uses of deprecated names (`report.deprecations`): a hook or
+hook argument under its old name, found when the plugin is registered, and a deprecated
+attribute (`ctx.hooks`) read during the runs. They still work, until the version each line names
+(see `metroline.core.deprecations`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core import deprecations
 from .core.config import EngineConfig
 from .core.plugins import SHIPPED, resolve
 from .core.plugin_loader import instantiate
@@ -70,7 +76,8 @@ class ConformanceReport:
     `runs`: one dict per run (workload, preemption mode, requests, steps, preemptions).
     `tenants`: the tenants the runs' requests had. `coverage`: hook name -> `HookCoverage` (calls
     and changed answers, summed over the runs) for every hook the plugin implements. `warnings`:
-    one line per hook that was never called or never changed an answer.
+    one line per hook that was never called or never changed an answer. `deprecations`: one line
+    per deprecated name the plugin used (it works until the version the line names).
     """
 
     plugin: str
@@ -78,6 +85,7 @@ class ConformanceReport:
     tenants: list[str] = field(default_factory=list)
     coverage: dict[str, HookCoverage] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    deprecations: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"conformance of {self.plugin}: {len(self.runs)} runs passed (tenants: {', '.join(self.tenants)})"]
@@ -89,6 +97,7 @@ class ConformanceReport:
         lines.append("hooks of the plugin:")
         lines.extend(f"  {cov}" for _, cov in sorted(self.coverage.items()))
         lines.extend(f"warning: {w}" for w in self.warnings)
+        lines.extend(f"deprecated: {d}" for d in self.deprecations)
         return "\n".join(lines)
 
 
@@ -151,6 +160,24 @@ def check_plugin(
     if workload is not None:
         workload_list.append(own_workload(workload))
     report.tenants = sorted({it.tenant for w in workload_list for it in w.items})
+    with deprecations.recording() as uses:
+        _run_all(report, workload_list, modes, name, setup, seed, failures)
+    report.deprecations = _deprecated_uses(uses, name)
+    report.warnings = _coverage_warnings(report, tenants is None and workload is None)
+    if strict:
+        failures.extend(f"{w} (strict)" for w in report.warnings)
+    if failures:
+        failures.extend(f"(not a failure) deprecated: {d}" for d in report.deprecations)
+        raise ConformanceError(f"{name} broke the plugin contract:\n  " + "\n  ".join(failures))
+    return report
+
+
+def _run_all(
+    report: ConformanceReport, workload_list: list[Workload], modes: Iterable[str], name: str, setup: Any,
+    seed: int, failures: list[str],
+) -> None:
+    """Each workload in each mode (the first workload twice: the results must be identical)."""
+    modes = tuple(modes)
     for wi, wl in enumerate(workload_list):
         for mode in modes:
             label = f"{name} on {wl.name} ({mode})"
@@ -175,12 +202,13 @@ def check_plugin(
                 "workload": wl.name, "mode": mode, "requests": s["requests"], "steps": s["steps"],
                 "preemptions": s["preemptions"],
             })
-    report.warnings = _coverage_warnings(report, tenants is None and workload is None)
-    if strict:
-        failures.extend(f"{w} (strict)" for w in report.warnings)
-    if failures:
-        raise ConformanceError(f"{name} broke the plugin contract:\n  " + "\n  ".join(failures))
-    return report
+
+
+def _deprecated_uses(uses: list[deprecations.Use], name: str) -> list[str]:
+    """One line per deprecated name the plugin `name` used (or code no loaded plugin owns), in
+    the order first used."""
+    lines = [str(u) for u in uses if u.plugin == name or u.plugin.startswith("<")]
+    return list(dict.fromkeys(lines))
 
 
 def _coverage_warnings(report: ConformanceReport, suite_tenants: bool) -> list[str]:

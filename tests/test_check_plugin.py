@@ -6,13 +6,18 @@ tenants or workload its code runs; the counts are the plugin's own; `strict=True
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
+from metroline.core import deprecations
 from metroline.core.candidates import Candidates
+from metroline.core.deprecations import Deprecation, MetrolineDeprecationWarning
 from metroline.core.errors import PluginError
 from metroline.core.hookspecs import hookimpl
 from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
@@ -312,3 +317,63 @@ def test_the_check_plugin_command(tmp_path, capsys):
     assert "hook select_victim called" in out and "never changed an answer" in out and "(strict)" in out
     with pytest.raises(ValueError, match="--options must be a JSON object"):
         _cli([target, "--options", "[1]"])
+
+
+# --- deprecated usage ----------------------------------------------------------------------------------
+
+OLD_HRRN = Path(__file__).parent / "data" / "old_plugins" / "hrrn.py"  # the guide's HRRN of a221d88: ctx.hooks
+HOOKS_LINE = ("plugin 'hrrn': ctx.hooks is deprecated since metroline 0.2.0 and will be removed in 0.3.0: use "
+              "ctx.hook instead")
+
+
+@pytest.fixture
+def old_hrrn(tmp_path, monkeypatch):
+    """The turn-old HRRN importable as `hrrn_turn_old:HRRN`; every deprecation warned about again."""
+    shutil.copy(OLD_HRRN, tmp_path / "hrrn_turn_old.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    deprecations.forget_warnings()
+    yield "hrrn_turn_old:HRRN"
+    sys.modules.pop("hrrn_turn_old", None)
+    deprecations.forget_warnings()
+
+
+def test_check_plugin_reports_a_deprecated_attribute_read_during_the_runs(old_hrrn):
+    with pytest.warns(MetrolineDeprecationWarning):
+        report = check_plugin(old_hrrn, workloads=chat_only(), modes=("recompute",))
+    assert report.deprecations == [HOOKS_LINE]
+    assert str(report).splitlines()[-1] == f"deprecated: {HOOKS_LINE}"
+    # reported on every check, not only the first one of the process (the warning is given once)
+    assert check_plugin(old_hrrn, workloads=chat_only(), modes=("recompute",)).deprecations == [HOOKS_LINE]
+    clean = check_plugin(EnterpriseFirst, workloads=chat_only(), modes=("recompute",))
+    assert clean.deprecations == [] and "deprecated" not in str(clean)
+
+
+def test_the_check_plugin_command_prints_deprecated_usage(old_hrrn, capsys):
+    with pytest.warns(MetrolineDeprecationWarning):
+        assert _cli([old_hrrn, "--mode", "recompute"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("conformance of hrrn: ")
+    assert out.splitlines()[-1] == f"deprecated: {HOOKS_LINE}"
+
+
+class OldHookName:
+    """Implements `on_step_done`, made the deprecated name of `on_step_end` by the test below."""
+
+    name = "old_hook_name"
+
+    @hookimpl
+    def on_step_done(self, plan):
+        pass
+
+
+def test_check_plugin_reports_a_deprecated_hook_name_found_at_registration(monkeypatch):
+    dep = Deprecation("hook on_step_done", "hook on_step_end", since="0.2.0", removed_in="0.3.0", target="on_step_end")
+    monkeypatch.setitem(deprecations.HOOKS, "on_step_done", dep)
+    deprecations.forget_warnings()
+    with pytest.warns(MetrolineDeprecationWarning):
+        report = check_plugin(OldHookName, workloads=chat_only(), modes=("recompute",))
+    assert report.deprecations == [
+        "plugin 'old_hook_name': hook on_step_done is deprecated since metroline 0.2.0 and will be removed in 0.3.0: "
+        "use hook on_step_end instead"
+    ]
+    assert report.coverage["on_step_end"].calls > 0  # it ran as on_step_end
