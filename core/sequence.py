@@ -27,6 +27,8 @@ _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
 class SeqState(IntEnum):
+    """Where a sequence is in its state machine (see the module docstring)."""
+
     WAITING = 0
     RUNNING = 1
     SWAPPED = 2
@@ -41,6 +43,9 @@ QUEUED = frozenset((SeqState.WAITING, SeqState.SWAPPED))
 
 
 class FinishReason(str, Enum):
+    """Why a sequence ended (`Sequence.finish_reason`); its value is the string the outputs and the
+    HTTP API show."""
+
     EOS = "eos"
     LENGTH = "length"
     STOP = "stop"

@@ -129,3 +129,20 @@ def test_every_shipped_plugin_and_each_of_its_options_is_in_the_reference(built)
         if model is not None:
             missing += [f"{name}.{f}" for f in model.model_fields if f"{qualified(model)}.{f}" not in documented]
     assert not missing, f"not in the API reference: {missing}"
+
+
+def test_every_name_of_the_plugin_api_is_in_the_reference(built):
+    """Each class and function `metroline.api` exports has its entry, and so does each constant."""
+    from metroline import api
+
+    documented = entries(built)
+    missing = []
+    for name in api.__all__:
+        obj = getattr(api, name)
+        if isinstance(obj, type) or inspect.isroutine(obj):
+            if qualified(obj) not in documented:
+                missing.append(name)
+        elif not any(d.endswith(f".{name}") for d in documented):
+            missing.append(name)
+    assert 'id="module-metroline.api"' in (built / "api.html").read_text()
+    assert not missing, f"names of metroline.api not in the API reference: {missing}"

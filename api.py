@@ -1,0 +1,80 @@
+"""metroline's plugin API: every name a plugin author may use, in one module, kept from release to
+release.
+
+A plugin imports from here (``from metroline.api import Candidates, hookimpl``) or from the
+module each name is documented in (``metroline.core.candidates``); both keep working. What this
+module lists is a contract:
+
+- the names below (`__all__`), with their signatures, fields, methods and attributes;
+- every hook of `metroline.core.hookspecs`, with its argument names and whether it is
+  `firstresult`;
+- the shipped plugins' names and their options (`[plugin_options.NAME]`).
+
+`docs/api_surface.txt` is a snapshot of that surface, one line per name (`surface_lines`); a test
+fails when the code's surface differs from it, and when a name that differs from the last
+release's (`docs/api_surface.released.txt`) is not in CHANGELOG.md's Unreleased section. A name
+is never removed outright: it is deprecated first (`core/deprecations.py`) and keeps working,
+with a `MetrolineDeprecationWarning`, for at least one minor version.
+
+After changing the surface on purpose, write the snapshot again and say what changed in
+CHANGELOG.md::
+
+    python -m metroline.api --write-snapshot   # rewrites docs/api_surface.txt
+    python -m metroline.api --check            # the snapshot and the changelog, as the tests check
+
+The engine's embedding API (`Engine`, `EngineConfig`, the commands) is not part of this contract.
+"""
+
+from __future__ import annotations
+
+from .core.budget import Split
+from .core.candidates import Candidates, close_candidates
+from .core.context import StepContext
+from .core.deprecations import MetrolineDeprecationWarning
+from .core.errors import NoProgressError, PluginError, PluginLoadError, RequestRefused
+from .core.hookspecs import hookimpl
+from .core.inflight import PromptsInFlight, missing_blocks
+from .core.lazy_heap import ArrivalQueue, LazyHeap, arrival_key
+from .core.plan import StepPlan
+from .core.plugin_loader import ENTRY_POINT_GROUP, HOOK_NAMES, SHIPPED
+from .core.plugin_options import PluginOptions, PluginOptionsError, options_model, take_options
+from .core.preemption import Preempt, is_protected
+from .core.queue_order import queued_in_order
+from .core.request import Request, SamplingParams
+from .core.sequence import FINISHED, QUEUED, RUNNING, SWAPPED, WAITING, FinishReason, SeqState, Sequence
+from .core.victims import last_admitted, last_admitted_victim
+from .core.workload_generators import generate
+from .core.workload_items import Workload, WorkloadItem
+from .core.workload_specs import FixedLength, LognormalLength, SyntheticSpec, TenantSpec, UniformLength, load_spec
+from .testing import ConformanceError, ConformanceReport, check_plugin
+
+__all__ = [
+    # hooks: implement them with @hookimpl (their names: HOOK_NAMES; specs: metroline.core.hookspecs)
+    "hookimpl", "HOOK_NAMES",
+    # what hooks see
+    "StepContext", "Sequence", "SeqState", "FinishReason", "WAITING", "RUNNING", "SWAPPED", "FINISHED", "QUEUED",
+    "StepPlan",
+    # what hooks answer
+    "Candidates", "close_candidates", "Split", "Preempt", "is_protected",
+    # helpers for policies
+    "LazyHeap", "ArrivalQueue", "arrival_key", "queued_in_order", "last_admitted", "last_admitted_victim",
+    "PromptsInFlight", "missing_blocks",
+    # requests
+    "Request", "SamplingParams",
+    # workloads for trying a plugin
+    "SyntheticSpec", "TenantSpec", "FixedLength", "UniformLength", "LognormalLength", "load_spec", "generate",
+    "Workload", "WorkloadItem",
+    # loading plugins, their options, errors and warnings
+    "ENTRY_POINT_GROUP", "SHIPPED", "PluginOptions", "PluginOptionsError", "take_options", "options_model",
+    "PluginError", "PluginLoadError", "NoProgressError", "RequestRefused", "MetrolineDeprecationWarning",
+    # the conformance suite
+    "check_plugin", "ConformanceError", "ConformanceReport",
+]
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .core.api_surface import main
+
+    sys.exit(main())
