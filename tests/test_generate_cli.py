@@ -3,6 +3,7 @@ seeded random tiny Llama saved with a tokenizer trained offline."""
 
 from __future__ import annotations
 
+import copy as copy_module
 import io
 
 import pytest
@@ -130,3 +131,119 @@ def test_a_prompt_over_max_model_len_is_refused(model_dir, capsys):
     long_prompt = " ".join(["the metro line runs"] * 80)  # far over 256 tokens
     assert main(["generate", "--model", str(folder), long_prompt]) == 2
     assert "exceeds max_model_len=256" in capsys.readouterr().err
+
+
+# --- the chat template: by default when the model has one, --raw without it -------------------------
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}a scheduler decides {{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %} the line{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(model_dir, tmp_path_factory):
+    """The tiny model with a chat template on its tokenizer."""
+    folder, model, tokenizer = model_dir
+    chat = tmp_path_factory.mktemp("tiny-chat")
+    model.save_pretrained(chat)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(chat)
+    return chat, model, tokenizer
+
+
+def _hf_greedy_ids_text(model, tokenizer, prompt_ids: list[int], max_new_tokens: int) -> str:
+    ids = torch.tensor([prompt_ids])
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    whole = tokenizer.decode(prompt_ids + out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    before = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    return whole[len(before):]
+
+
+def test_the_chat_template_is_applied_by_default_and_raw_turns_it_off(chat_model_dir, capsys):
+    folder, model, tokenizer = chat_model_dir
+    prompt = "who boards"
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                              tokenize=True)
+    templated = list(templated if isinstance(templated, list) else templated["input_ids"])
+    assert templated != tokenizer.encode(prompt)
+    as_chat = _hf_greedy_ids_text(model, tokenizer, templated, 12)
+    as_raw = _hf_greedy_ids_text(model, tokenizer, tokenizer.encode(prompt), 12)
+    assert as_chat != as_raw and as_chat.strip() and as_raw.strip()
+    argv = ["generate", "--model", str(folder), "--max-new-tokens", "12"]
+    outputs = {}
+    for flags in ([], ["--chat"], ["--raw"]):
+        assert main([*argv, *flags, prompt]) == 0
+        outputs[" ".join(flags)] = capsys.readouterr()
+    assert outputs[""].out == outputs["--chat"].out == as_chat + "\n"
+    assert outputs["--raw"].out == as_raw + "\n"
+    assert not [o.err for o in outputs.values() if "metroline:" in o.err]  # no note: each generated text
+    with pytest.raises(SystemExit) as exited:  # a usage error, as argparse's others
+        main([*argv, "--chat", "--raw", prompt])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "metroline: error: --raw: not allowed with argument --chat (see metroline generate --help)\n")
+
+
+@pytest.fixture(scope="module")
+def eos_first_model_dir(model_dir, tmp_path_factory):
+    """The tiny model changed to answer "tokens" with its end-of-sequence token ("</s>", special)
+    at once: the LM head row of "</s>" is twice the row of the token it generated first."""
+    folder, model, tokenizer = model_dir
+    eos_id = tokenizer.convert_tokens_to_ids("</s>")
+    copy = copy_module.deepcopy(model)
+    copy.set_attn_implementation("eager")
+    ids = torch.tensor([tokenizer.encode("tokens")])
+
+    def first_token() -> int:
+        with torch.no_grad():
+            return copy.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
+                                 pad_token_id=0)[0, -1].item()
+
+    first = first_token()
+    with torch.no_grad():
+        copy.lm_head.weight[eos_id] = 2 * copy.lm_head.weight[first]
+    copy.config.eos_token_id = copy.generation_config.eos_token_id = eos_id
+    assert first_token() == eos_id
+    eos = tmp_path_factory.mktemp("tiny-eos")
+    copy.save_pretrained(eos)
+    tokenizer.save_pretrained(eos)
+    return eos
+
+
+def test_an_empty_generation_says_why(eos_first_model_dir, capsys):
+    argv = ["generate", "--model", str(eos_first_model_dir), "--max-new-tokens", "8"]
+    assert main([*argv, "tokens"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "\n"
+    assert [x for x in out.err.splitlines() if "metroline" in x] == [
+        "metroline: the prompt generated no text: finished by EOS after 0 tokens"]
+    # with several prompts, each empty one is named; one with text is not
+    assert main([*argv, "passengers board", "tokens"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("[1] passengers board\n") and out.out.endswith("\n[2] tokens\n\n")
+    assert [x for x in out.err.splitlines() if "metroline" in x] == [
+        "metroline: prompt 2 generated no text: finished by EOS after 0 tokens"]
+
+
+@pytest.mark.slow  # SmolLM2's weights: two loads of about 20 s
+def test_smollm2_answers_a_bare_question_as_a_chat_and_raw_says_why_it_is_empty(capsys):
+    question = "What is the capital of France?"
+    assert main(["generate", "--model", "smollm2", question]) == 0
+    out = capsys.readouterr()
+    if torch.cuda.is_available():  # bfloat16 on CUDA: the wording may differ
+        assert "Paris" in out.out
+    else:
+        assert out.out == "The capital of France is Paris.\n"
+    assert "generated no text" not in out.err
+    assert main(["generate", "--model", "smollm2", "--raw", question]) == 0
+    out = capsys.readouterr()
+    assert out.out == "\n"  # the bare prompt is answered with end-of-sequence at once
+    assert out.err.splitlines()[-1] == (
+        "metroline: the prompt generated no text: finished by EOS after 0 tokens; --raw was given: without it the "
+        "prompt is the user turn of the model's chat template"
+    )

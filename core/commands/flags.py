@@ -210,7 +210,13 @@ def generate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="per-request sampling seed: the same tokens whatever the batch")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
-    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (the prompt is the user turn)")
+    template = p.add_mutually_exclusive_group()
+    template.add_argument("--chat", action="store_true",
+                          help="the prompt is the user turn of the tokenizer's chat template; an error when the "
+                          "model has none (default: the template when the model has one)")
+    template.add_argument("--raw", action="store_true",
+                          help="the prompt as it is, without the chat template (default: the template when the "
+                          "model has one)")
 
 
 def calibrate_flags(p: argparse.ArgumentParser) -> None:
