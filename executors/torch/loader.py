@@ -100,7 +100,12 @@ def _dequantize_to_cache(path: Path, target: Path) -> None:
         model.config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process cached the same file first
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
