@@ -6,9 +6,9 @@ The main entry points::
 """
 
 from .core.config import EngineConfig
-from .core.engine import Engine, RequestOutput
-from .core.hookspecs import hookimpl
-from .core.request import Request, SamplingParams
+from .core.plugins.hookspecs import hookimpl
+from .core.requests.request import Request, SamplingParams
+from .core.step.engine import Engine, RequestOutput
 
 __version__ = "0.1.0"
 

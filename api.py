@@ -2,11 +2,11 @@
 release.
 
 A plugin imports from here (``from metroline.api import Candidates, hookimpl``) or from the
-module each name is documented in (``metroline.core.candidates``); both keep working. What this
+module each name is documented in (``metroline.core.plugins.candidates``); both keep working. What this
 module lists is a contract:
 
 - the names below (`__all__`), with their signatures, fields, methods and attributes;
-- every hook of `metroline.core.hookspecs`, with its argument names and whether it is
+- every hook of `metroline.core.plugins.hookspecs`, with its argument names and whether it is
   `firstresult`;
 - the shipped plugins' names and their options (`[plugin_options.NAME]`).
 
@@ -27,29 +27,29 @@ The engine's embedding API (`Engine`, `EngineConfig`, the commands) is not part 
 
 from __future__ import annotations
 
-from .core.budget import Split
-from .core.candidates import Candidates, close_candidates
-from .core.context import StepContext
-from .core.deprecations import MetrolineDeprecationWarning
 from .core.errors import NoProgressError, PluginError, PluginLoadError, RequestRefused
-from .core.hookspecs import hookimpl
-from .core.inflight import PromptsInFlight, missing_blocks
-from .core.lazy_heap import ArrivalQueue, LazyHeap, arrival_key
-from .core.plan import StepPlan
-from .core.plugin_loader import ENTRY_POINT_GROUP, HOOK_NAMES, SHIPPED
-from .core.plugin_options import PluginOptions, PluginOptionsError, options_model, take_options
-from .core.preemption import Preempt, is_protected
-from .core.queue_order import queued_in_order
-from .core.request import Request, SamplingParams
-from .core.sequence import FINISHED, QUEUED, RUNNING, SWAPPED, WAITING, FinishReason, SeqState, Sequence
-from .core.victims import last_admitted, last_admitted_victim
-from .core.workload_generators import generate
-from .core.workload_items import Workload, WorkloadItem
-from .core.workload_specs import FixedLength, LognormalLength, SyntheticSpec, TenantSpec, UniformLength, load_spec
+from .core.plugins.budget import Split
+from .core.plugins.candidates import Candidates, close_candidates
+from .core.plugins.deprecations import MetrolineDeprecationWarning
+from .core.plugins.hookspecs import hookimpl
+from .core.plugins.inflight import PromptsInFlight, missing_blocks
+from .core.plugins.lazy_heap import ArrivalQueue, LazyHeap, arrival_key
+from .core.plugins.loader import ENTRY_POINT_GROUP, HOOK_NAMES, SHIPPED
+from .core.plugins.options import PluginOptions, PluginOptionsError, options_model, take_options
+from .core.plugins.preemption import Preempt, is_protected
+from .core.plugins.queue_order import queued_in_order
+from .core.plugins.victims import last_admitted, last_admitted_victim
+from .core.requests.request import Request, SamplingParams
+from .core.requests.sequence import FINISHED, QUEUED, RUNNING, SWAPPED, WAITING, FinishReason, SeqState, Sequence
+from .core.step.context import StepContext
+from .core.step.plan import StepPlan
+from .core.workloads.generators import generate
+from .core.workloads.items import Workload, WorkloadItem
+from .core.workloads.specs import FixedLength, LognormalLength, SyntheticSpec, TenantSpec, UniformLength, load_spec
 from .testing import ConformanceError, ConformanceReport, check_plugin
 
 __all__ = [
-    # hooks: implement them with @hookimpl (their names: HOOK_NAMES; specs: metroline.core.hookspecs)
+    # hooks: implement them with @hookimpl (their names: HOOK_NAMES; specs: metroline.core.plugins.hookspecs)
     "hookimpl", "HOOK_NAMES",
     # what hooks see
     "StepContext", "Sequence", "SeqState", "FinishReason", "WAITING", "RUNNING", "SWAPPED", "FINISHED", "QUEUED",
@@ -72,9 +72,7 @@ __all__ = [
 ]
 
 
-if __name__ == "__main__":
-    import sys
+if __name__ == "__main__":  # `python -m metroline.api [--write-snapshot|--check]`: the surface's own command
+    import runpy
 
-    from .core.api_surface import main
-
-    sys.exit(main())
+    runpy.run_module("metroline.core.plugins.api_surface", run_name="__main__", alter_sys=True)

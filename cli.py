@@ -18,7 +18,16 @@ from pydantic import ValidationError
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from .core.commands.compare import POLICIES, cmd_compare
-from .core.commands.flags import calibrate_flags, engine_flags, generate_flags, ray_flag, run_flags, serve_flags, slo_flag, sweep_flags
+from .core.commands.flags import (
+    calibrate_flags,
+    engine_flags,
+    generate_flags,
+    ray_flag,
+    run_flags,
+    serve_flags,
+    slo_flag,
+    sweep_flags,
+)
 from .core.commands.generate import cmd_generate
 from .core.commands.listing import cmd_plugins, cmd_workloads
 from .core.commands.options import RUN_KEYS, fit_config, resolve_options
@@ -101,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["run"]
     args = parser.parse_args(argv)
     args.argv = list(argv)  # for the manifest of a result document
-    from .core.deprecations import show_in_cli
     from .core.diagnostics import validation_message
     from .core.errors import NoProgressError, PluginError
+    from .core.plugins.deprecations import show_in_cli
 
     show_in_cli()  # a plugin's use of a deprecated name is shown (once per plugin and name)
 

@@ -37,13 +37,13 @@ goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `wor
 own workload (a `Workload`, a `SyntheticSpec` or its dict, a built-in name or a file path) to the
 suite's, with its own tenants. The report's `coverage` says, for each hook your plugin implements,
 how many times it was called and how many times its answer changed the answer without it (see
-`metroline.core.hook_coverage`); a hook that was never called, or never changed an answer, is a
+`metroline.core.conformance.hook_coverage`); a hook that was never called, or never changed an answer, is a
 warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
 
 The report also lists the plugin's uses of deprecated names (`report.deprecations`): a hook or
 hook argument under its old name, found when the plugin is registered, and a deprecated
 attribute (`ctx.hooks`) read during the runs. They still work, until the version each line names
-(see `metroline.core.deprecations`).
+(see `metroline.core.plugins.deprecations`).
 """
 
 from __future__ import annotations
@@ -54,16 +54,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core import deprecations
 from .core.config import EngineConfig
-from .core.plugins import SHIPPED, resolve
-from .core.plugin_loader import instantiate
-from .core.conformance_checks import (
-    PER_STEP_LIMITS, check_calls, check_drained, fingerprint, run_once,
+from .core.conformance.checks import (
+    PER_STEP_LIMITS,
+    check_calls,
+    check_drained,
+    fingerprint,
+    run_once,
 )
-from .core.conformance_workloads import conformance_config, conformance_workloads, own_workload, with_tenants
-from .core.workloads import SyntheticSpec, Workload
-from .core.hook_coverage import HookCoverage
+from .core.conformance.hook_coverage import HookCoverage
+from .core.conformance.workloads import conformance_config, conformance_workloads, own_workload, with_tenants
+from .core.plugins import deprecations
+from .core.plugins.loader import instantiate
+from .core.plugins.manager import SHIPPED, resolve
+from .core.workloads.build import SyntheticSpec, Workload
+
 
 class ConformanceError(AssertionError):
     """A plugin broke the contract; the message lists every failure."""

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
 
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
               "MALLOC_TOP_PAD_": "536870912"}
@@ -132,14 +132,15 @@ def main() -> int:
     if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
 
+    import torch
+
     from metroline.cli import fit_config
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
+    from metroline.core.step.engine import Engine
     from metroline.executors.calibrate import calibrate
     from metroline.executors.cost_models import make_cost_model
     from metroline.executors.simulated import SimulatedExecutor
     from metroline.executors.torch import TorchExecutor
-    import torch
 
     torch.set_num_threads(args.threads)
     executor = TorchExecutor.from_options(model=args.model, dtype="float32", device="cpu")

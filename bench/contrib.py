@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_contrib_prefix_aware as pa  # noqa: E402
 import test_contrib_slo_classes as slo  # noqa: E402
 import test_contrib_tenant_quota as tq  # noqa: E402
-from metroline.core.workloads import Workload, WorkloadItem  # noqa: E402
+
+from metroline.core.workloads.build import Workload, WorkloadItem  # noqa: E402
 
 
 def tenant_quota() -> None:

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 from metroline.core.config import EngineConfig
-from metroline.core.metrics import DECODE_TOKENS, DECODING, fairness
-from metroline.core.runner import run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.results.metrics import DECODE_TOKENS, DECODING, fairness
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

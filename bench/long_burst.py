@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 
 from metroline.core.config import EngineConfig
-from metroline.core.runner import run_workload
-from metroline.core.workloads import Workload, build_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.workloads.build import Workload, build_workload
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

@@ -25,9 +25,9 @@ import argparse
 import time
 
 from metroline.core.config import EngineConfig
-from metroline.core.metrics import distribution
-from metroline.core.runner import run_workload
-from metroline.core.workloads import Workload, WorkloadItem, build_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.results.metrics import distribution
+from metroline.core.workloads.build import Workload, WorkloadItem, build_workload
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from metroline.core.request import SamplingParams
-from metroline.core.sampling import Sampler
-from metroline.core.sequence import Sequence
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import Sequence
+from metroline.executors.torch.sampling import TorchSampler as Sampler
 
 MIXES = {
     "greedy": lambda i: dict(temperature=0.0),

@@ -79,9 +79,9 @@ def prompt_of(i: int, n: int) -> list[int]:
 
 def metroline_figures(args: argparse.Namespace) -> dict:
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
-    from metroline.core.metrics import NUM_SEQS, PREEMPTIONS
-    from metroline.core.request import Request, SamplingParams
+    from metroline.core.requests.request import Request, SamplingParams
+    from metroline.core.results.metrics import NUM_SEQS, PREEMPTIONS
+    from metroline.core.step.engine import Engine
 
     prompt, output, waiting, replace, max_len, num_blocks = sizes(args.workload, args.running, args.steps)
     config = EngineConfig(

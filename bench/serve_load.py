@@ -241,7 +241,7 @@ class EngineTTFT:
         self.arrival: dict[str, float] = {}
         """Arrival times on the engine clock (the executor's: monotonic seconds since its start)."""
 
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def on_finished(self, seqs) -> None:
@@ -381,11 +381,11 @@ class Served:
     name = "served"
 
     def __init__(self) -> None:
-        from metroline.core.metrics import MetricsCollector
+        from metroline.core.results.metrics import MetricsCollector
 
         self.records = MetricsCollector(1)
 
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def on_finished(self, seqs) -> None:
@@ -398,7 +398,7 @@ def _print_shares(served: Served, weights: dict[str, float], window: float, dura
     every weighted tenant had requests waiting: the tokens each was served (prompt and output, as
     the engine made them) and their ratio against the weights' (weighted_fair's service: prompt
     tokens at 1, output tokens at 2)."""
-    from metroline.core.metrics import fairness
+    from metroline.core.results.metrics import fairness
 
     records = served.records.requests
     start = min(r.arrival_s for r in records)

@@ -46,8 +46,8 @@ ROWS = (
 def step_times(policy: str, plugins: list[str], running: int, waiting: int, steps: int) -> list[float]:
     """Seconds of CPU time of each of `steps` timed `Engine.step` calls."""
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
-    from metroline.core.request import Request, SamplingParams
+    from metroline.core.requests.request import Request, SamplingParams
+    from metroline.core.step.engine import Engine
 
     output = WARMUP_STEPS + steps + 16
     per_request = math.ceil((PROMPT + output) / BLOCK_SIZE) + 1

@@ -64,11 +64,11 @@ def import_metroline() -> None:
 
 
 def build_scheduler(args: argparse.Namespace, model_dir: Path):
+    import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
-    import torch
 
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=args.max_model_len,
                         dtype="float32", seed=0)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     import_metroline()
-    from metroline.core.workloads import build_workload
+    from metroline.core.workloads.build import build_workload
 
     workload = build_workload(args.workload, seed=args.seed, rate_scale=args.rate_scale,
                               length_scale=args.length_scale, max_requests=args.max_requests,

@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
 
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
               "MALLOC_TOP_PAD_": "536870912"}
@@ -60,7 +60,7 @@ def prompts_for(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[float, float, int]:
     """(seconds, CPU seconds, output tokens) of one engine run, fcfs, all requests submitted at once."""
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
+    from metroline.core.step.engine import Engine
 
     plugins = [] if _vectorised_sampler() else [_Argmax()]
     engine = Engine(EngineConfig(policy="fcfs", num_blocks=executor.suggest_num_blocks(16)), executor,
@@ -78,7 +78,7 @@ def run_metroline(executor: Any, prompts: list[list[int]], lengths: list[int]) -
 def _vectorised_sampler() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("metroline.core.sampling_torch") is not None
+    return importlib.util.find_spec("metroline.executors.torch.sampling") is not None
 
 
 class _Argmax:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from pathlib import Path
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -208,7 +208,7 @@ class RunOptions(BaseModel):
     @field_validator("resample")
     @classmethod
     def _resample_method(cls, text: str) -> str:
-        from .resample import parse_method
+        from .workloads.resample import parse_method
 
         parse_method(text)
         return text

@@ -70,7 +70,7 @@ class ShippedPlugins(SphinxDirective):
     plugin shipped later is documented without touching api.rst."""
 
     def run(self) -> list[Any]:
-        from metroline.core.plugin_loader import SHIPPED
+        from metroline.core.plugins.loader import SHIPPED
 
         lines = []
         for name, path in SHIPPED.items():

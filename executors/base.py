@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from ..core.plan import StepPlan, StepResult
+from ..core.step.plan import StepPlan, StepResult
 from ..kv_backends.block_ops import COPY, NAMES, SWAP_IN, SWAP_OUT
 
 
@@ -30,8 +30,8 @@ class Executor(Protocol):
       `{"name": ..., "cost_model": {...}}` (a real executor may give `"cost_model": None`).
 
     A real model adds (the engine uses each when present, see `RealExecutor`): `bind(config)`,
-    `close()`, `eos_token_id`, `vocab_size`, `max_model_len`, `tokenizer`, `kv_bytes_per_token`
-    and `suggest_num_blocks(block_size)`.
+    `close()`, `eos_token_id`, `vocab_size`, `max_model_len`, `tokenizer`, `sampler_class`,
+    `kv_bytes_per_token` and `suggest_num_blocks(block_size)`.
     """
 
     name: str
@@ -54,7 +54,12 @@ class RealExecutor(Executor, Protocol):
       `config.swap_space_blocks` host blocks); block ids in plans index them.
     - `close()`: release the model's memory and the KV blocks (`Engine.close` calls it).
     - `eos_token_id` (None: none), `vocab_size` (prompts are validated against it),
-      `max_model_len` (the model's context length, or None), `tokenizer` (or None).
+      `max_model_len` (the model's context length, or None; `max_model_len_reason`, when present,
+      says why it is shorter than the model's context), `tokenizer` (or None).
+    - `sampler_class`: the sampler the default `sample` hook uses on this executor's logits (a
+      subclass of `metroline.core.requests.sampling.Sampler`; the torch executor's `TorchSampler`
+      samples logits tensors). Without one, rows of floats are sampled by `Sampler`, and tensors,
+      with a deprecation warning, by `TorchSampler`.
     - `kv_bytes_per_token`: 2 x layers x KV heads x head dim x dtype size;
       `suggest_num_blocks(block_size)`: the blocks the executor's memory budget holds.
     """

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import EngineConfig
-from ..core.engine import Engine
+from ..core.step.engine import Engine
 from .cost_models import FITTED, CalibratedCostModel, fit_linear
 
 FULL_SWEEP = (

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core.plan import StepPlan, StepResult
 from ..core.serving.tokens import StandInTokenizer
+from ..core.step.plan import StepPlan, StepResult
 from .simulated import SimulatedExecutor
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..core.plugin_loader import import_dotted
+from ..core.plugins.loader import import_dotted
 
 ENTRY_POINT_GROUP = "metroline.executors"
 

@@ -13,7 +13,7 @@ compensated (Neumaier) sum of the step times otherwise.
 
 from __future__ import annotations
 
-from ..core.plan import StepPlan, StepResult
+from ..core.step.plan import StepPlan, StepResult
 from .base import ExecutorStats
 from .cost_models import CostModel
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.preemption import RECOMPUTE, SWAP, Preempt
-from ..core.sequence import RUNNING, SWAPPED, Sequence
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.plugins.preemption import RECOMPUTE, SWAP, Preempt
+from ..core.requests.sequence import RUNNING, SWAPPED, Sequence
+from ..core.step.context import StepContext
 
 
 class AutoPreemption:

@@ -19,13 +19,13 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ..core.budget import Split
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.inflight import PromptsInFlight, missing_blocks
-from ..core.plan import StepPlan
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import Sequence
+from ..core.plugins.budget import Split
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.inflight import PromptsInFlight, missing_blocks
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import Sequence
+from ..core.step.context import StepContext
+from ..core.step.plan import StepPlan
 
 
 def max_partial_prefills_option() -> Any:

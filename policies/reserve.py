@@ -12,12 +12,12 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.inflight import PromptsInFlight
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import QUEUED, SWAPPED, Sequence
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.inflight import PromptsInFlight
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import QUEUED, SWAPPED, Sequence
+from ..core.step.context import StepContext
 
 
 class ReserveBlocks:

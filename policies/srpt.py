@@ -22,12 +22,12 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import RUNNING, Sequence
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.lazy_heap import LazyHeap, arrival_key
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import RUNNING, Sequence
+from ..core.step.context import StepContext
 from .length_estimators import LengthMean
 
 

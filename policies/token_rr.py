@@ -6,14 +6,14 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.budget import Split
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import ArrivalQueue
-from ..core.plan import StepPlan
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import RUNNING, Sequence
+from ..core.plugins.budget import Split
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.lazy_heap import ArrivalQueue
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import RUNNING, Sequence
+from ..core.step.context import StepContext
+from ..core.step.plan import StepPlan
 
 
 class TokenRoundRobin(ArrivalQueue):

@@ -7,13 +7,13 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import RUNNING, Sequence
-from ..core.victims import last_admitted
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.lazy_heap import LazyHeap, arrival_key
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.plugins.victims import last_admitted
+from ..core.requests.sequence import RUNNING, Sequence
+from ..core.step.context import StepContext
 
 
 class WeightedFair:

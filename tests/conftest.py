@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.plan import StepPlan, StepResult
+from metroline.core.step.engine import Engine
+from metroline.core.step.plan import StepPlan, StepResult
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

@@ -9,11 +9,13 @@ from typing import Any
 
 import torch
 
-from metroline.core.plan import StepPlan, StepResult
+from metroline.core.step.plan import StepPlan, StepResult
+from metroline.executors.torch.sampling import TorchSampler
 
 
 class _Clocked:
     name = "stand-in"
+    sampler_class = TorchSampler  # logits tensors: the torch sampler samples them
 
     def __init__(self, vocab_size: int, tokenizer: Any = None, eos_token_id: int | None = None) -> None:
         self.vocab_size = vocab_size

@@ -15,10 +15,10 @@ from metroline.core.ab_report import plots, write_compare_report, write_sweep_re
 from metroline.core.ab_report.document import to_html, to_markdown  # noqa: E402
 from metroline.core.ab_report.tables import comparison_table, figure, verdict_table  # noqa: E402
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.run_series import series_of  # noqa: E402
-from metroline.core.parallel import run_many  # noqa: E402
-from metroline.core.sweep import Sweep  # noqa: E402
-from metroline.core.workloads import build_workload  # noqa: E402
+from metroline.core.experiments.parallel import run_many  # noqa: E402
+from metroline.core.experiments.run_series import series_of  # noqa: E402
+from metroline.core.experiments.sweep import Sweep  # noqa: E402
+from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.registry import make_executor  # noqa: E402
 
 LABELS = ["fcfs", "srpt"]

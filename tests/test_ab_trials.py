@@ -20,10 +20,10 @@ import statistics
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.runner import replay
-from metroline.core.stats import NO_DIFFERENCE, WORSE, paired_difference
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import replay
+from metroline.core.results.stats import NO_DIFFERENCE, WORSE, paired_difference
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

@@ -12,10 +12,14 @@ from pathlib import Path
 import pytest
 
 from metroline import testing
-from metroline.core import budget, candidates, context, hookspecs, inflight, lazy_heap, plan, plugin_options
-from metroline.core import preemption, queue_order, request, sequence, victims, workload_generators
-from metroline.core import workload_items, workload_specs
-from metroline.core.plugin_loader import HOOK_NAMES, SHIPPED, resolve
+from metroline.core.plugins import budget, candidates, hookspecs, inflight, lazy_heap, preemption, queue_order, victims
+from metroline.core.plugins import options as plugin_options
+from metroline.core.plugins.loader import HOOK_NAMES, SHIPPED, resolve
+from metroline.core.requests import request, sequence
+from metroline.core.step import context, plan
+from metroline.core.workloads import generators as workload_generators
+from metroline.core.workloads import items as workload_items
+from metroline.core.workloads import specs as workload_specs
 
 DOCS = Path(__file__).parents[1] / "docs"
 
@@ -74,9 +78,9 @@ def test_the_reference_builds_without_warnings(built):
 def test_every_hook_is_in_the_reference(built):
     documented = entries(built)
     assert len(HOOK_NAMES) >= 13
-    missing = [h for h in HOOK_NAMES if f"metroline.core.hookspecs.{h}" not in documented]
+    missing = [h for h in HOOK_NAMES if f"metroline.core.plugins.hookspecs.{h}" not in documented]
     assert not missing
-    assert "metroline.core.hookspecs.hookimpl" in documented
+    assert "metroline.core.plugins.hookspecs.hookimpl" in documented
 
 
 def test_every_public_member_of_what_plugins_touch_is_in_the_reference(built):
@@ -91,8 +95,9 @@ def test_every_public_member_of_what_plugins_touch_is_in_the_reference(built):
     for obj in PLUGIN_FUNCTIONS + OTHER_NAMES:
         if qualified(obj) not in documented:
             missing.append(qualified(obj))
-    for name in ("sequence.WAITING", "sequence.RUNNING", "sequence.SWAPPED", "sequence.FINISHED", "sequence.QUEUED",
-                 "plugin_loader.ENTRY_POINT_GROUP", "plugin_loader.SHIPPED"):
+    for name in ("requests.sequence.WAITING", "requests.sequence.RUNNING", "requests.sequence.SWAPPED",
+                 "requests.sequence.FINISHED", "requests.sequence.QUEUED", "plugins.loader.ENTRY_POINT_GROUP",
+                 "plugins.loader.SHIPPED"):
         if f"metroline.core.{name}" not in documented:
             missing.append(name)
     assert not missing, f"not in the API reference: {missing}"

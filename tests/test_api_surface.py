@@ -15,12 +15,22 @@ import sys
 import pytest
 
 from metroline import api
-from metroline.core import api_surface, hookspecs
-from metroline.core.api_surface import (
-    CHANGELOG, RELEASED, SNAPSHOT, SurfaceDiff, changelog_problems, diff, key_of, mentions, read_surface,
-    snapshot_problems, surface_lines, unreleased_sections,
+from metroline.core.plugins import api_surface, hookspecs
+from metroline.core.plugins.api_surface import (
+    CHANGELOG,
+    RELEASED,
+    SNAPSHOT,
+    SurfaceDiff,
+    changelog_problems,
+    diff,
+    key_of,
+    mentions,
+    read_surface,
+    snapshot_problems,
+    surface_lines,
+    unreleased_sections,
 )
-from metroline.core.context import StepContext
+from metroline.core.step.context import StepContext
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from metroline.core.async_engine import AsyncEngine, Rejected
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.request import Request, SamplingParams
-from metroline.core.sequence import FinishReason
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.requests.sequence import FinishReason
+from metroline.core.step.async_engine import AsyncEngine, Rejected
+from metroline.core.step.engine import Engine
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.realtime import RealtimeExecutor
 from metroline.executors.simulated import SimulatedExecutor

@@ -7,14 +7,14 @@ from collections import Counter
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
 from metroline.core.errors import PluginError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.preemption import Preempt
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import replay, run_workload
-from metroline.core.sequence import SeqState, Sequence
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
+from metroline.core.experiments.runner import replay, run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.preemption import Preempt
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.requests.sequence import SeqState, Sequence
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.auto_preemption import AutoPreemption

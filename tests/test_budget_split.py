@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from metroline.core.budget import Split
-from metroline.core.candidates import Candidates
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.metrics import DECODE_TOKENS, DECODING, FREE_BLOCKS, PREFILL_TOKENS
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import replay, run_workload
-from metroline.core.workloads import (
-    SyntheticSpec, Workload, WorkloadItem, build_workload, generate, segment_tokens,
+from metroline.core.experiments.runner import replay, run_workload
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.results.metrics import DECODE_TOKENS, DECODING, FREE_BLOCKS, PREFILL_TOKENS
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import (
+    SyntheticSpec,
+    Workload,
+    WorkloadItem,
+    build_workload,
+    generate,
+    segment_tokens,
 )
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor

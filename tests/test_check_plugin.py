@@ -15,13 +15,13 @@ import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
-from metroline.core import deprecations
-from metroline.core.candidates import Candidates
-from metroline.core.deprecations import Deprecation, MetrolineDeprecationWarning
+from metroline.core.conformance.hook_coverage import watch
 from metroline.core.errors import PluginError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
-from metroline.core.hook_coverage import watch
+from metroline.core.plugins import deprecations
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.deprecations import Deprecation, MetrolineDeprecationWarning
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate
 from metroline.testing import ConformanceError, check_plugin, conformance_workloads, with_tenants
 
 

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from metroline import cli
-from metroline.core.metrics import SUMMARY_KEYS
+from metroline.core.results.metrics import SUMMARY_KEYS
 
 REQUESTS_HEADER = (
     "id,tenant,priority,arrival_s,first_scheduled_s,first_token_s,finish_s,prompt_tokens,"

@@ -13,8 +13,8 @@ import pytest
 
 from metroline import cli
 from metroline.core.config import MAX_BLOCKS
-from metroline.core.metrics import fairness
-from metroline.core.workloads import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, build_workload
+from metroline.core.results.metrics import fairness
+from metroline.core.workloads.build import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, build_workload
 
 PREFIX = "metroline: error: "
 
@@ -125,7 +125,7 @@ def test_a_plugin_module_that_cannot_import_is_one_line(tmp_path, small, monkeyp
 
 def test_no_progress_is_one_line(tmp_path, small, monkeypatch):
     (tmp_path / "mtl_never.py").write_text(textwrap.dedent('''
-        from metroline.core.hookspecs import hookimpl
+        from metroline.core.plugins.hookspecs import hookimpl
 
         class Never:
             name = "never"
@@ -211,7 +211,7 @@ def test_extreme_clocks_run_in_windows_that_follow_the_records(csv_file, argv, t
 
 
 def test_fairness_of_two_requests_a_day_apart_in_microsecond_windows():
-    from metroline.core.metrics import RequestRecord
+    from metroline.core.results.metrics import RequestRecord
 
     def rec(rid, t):
         return RequestRecord(rid, rid, 0, t, t, t, t, t + 1.0, 4, 0, 2, 0, 0, "length", (t, t + 1.0), None)

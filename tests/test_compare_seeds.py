@@ -8,12 +8,12 @@ import json
 import shutil
 
 import pytest
+from test_manifest import SPEC  # a spec file's text: seed 7, rate 40.0
 
 from metroline import cli
-from metroline.core.paired import metric_value
-from metroline.core.traces import load_azure
-from metroline.core.workloads import build_workload
-from test_manifest import SPEC  # a spec file's text: seed 7, rate 40.0
+from metroline.core.results.paired import metric_value
+from metroline.core.workloads.build import build_workload
+from metroline.core.workloads.traces import load_azure
 
 SMALL = ["--workload", "chat", "--max-requests", "80", "--max-num-seqs", "16", "--no-progress"]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
 from metroline.testing import ConformanceError, check_plugin, shipped_plugins
 
 
@@ -18,7 +18,7 @@ class OverBudget:
 
     @hookimpl
     def split_budget(self, budget):
-        from metroline.core.budget import Split
+        from metroline.core.plugins.budget import Split
 
         return Split(budget, 1, 16)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.context import StepContext
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.plugins import PluginManager
-from metroline.core.runner import run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.step.context import StepContext
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.plugins_contrib.prefix_aware import PrefixAware

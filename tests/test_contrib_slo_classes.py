@@ -6,15 +6,15 @@ from collections import Counter
 
 import pytest
 
-from metroline.core.budget import Split
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.plugins import PluginManager
-from metroline.core.preemption import Preempt
-from metroline.core.runner import run_workload
-from metroline.core.sequence import SeqState
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.plugins.preemption import Preempt
+from metroline.core.requests.sequence import SeqState
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.plugins_contrib.slo_classes import SLOClasses
@@ -171,8 +171,8 @@ class Ctx:
 
 
 def seq(rid, tenant, state=SeqState.RUNNING):
-    from metroline.core.request import SamplingParams
-    from metroline.core.sequence import Sequence
+    from metroline.core.requests.request import SamplingParams
+    from metroline.core.requests.sequence import Sequence
 
     s = Sequence(rid, [1, 2, 3], SamplingParams(), 0.0, tenant=tenant)
     s.state = state

@@ -6,15 +6,15 @@ from collections import Counter
 
 import pytest
 
-from metroline.core.candidates import Candidates
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.plugins import PluginManager
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.plugins_contrib.tenant_quota import TenantQuota

@@ -8,12 +8,20 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from metroline.core.plan import StepPlan
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import Sequence
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import Sequence
+from metroline.core.step.plan import StepPlan
 from metroline.executors.cost_models import (
-    COST_MODELS, GPU_PRESETS, MODEL_PRESETS, CalibratedCostModel, LinearCostModel,
-    RooflineCostModel, StepsCostModel, attention_pairs, fit_linear, make_cost_model,
+    COST_MODELS,
+    GPU_PRESETS,
+    MODEL_PRESETS,
+    CalibratedCostModel,
+    LinearCostModel,
+    RooflineCostModel,
+    StepsCostModel,
+    attention_pairs,
+    fit_linear,
+    make_cost_model,
 )
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 

@@ -21,17 +21,17 @@ from pathlib import Path
 import pytest
 
 from metroline import cli
-from metroline.core.candidates import Candidates
 from metroline.core.commands.options import make_executor as executor_of_options
 from metroline.core.config import EngineConfig, RunOptions
-from metroline.core.hookspecs import hookimpl
-from metroline.core.lazy_heap import ArrivalQueue
-from metroline.core.metrics_collector import StepRow
-from metroline.core.plan import StepPlan
-from metroline.core.runner import run_workload
-from metroline.core.sequence import RUNNING
-from metroline.core.victims import last_admitted
-from metroline.core.workloads import build_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.lazy_heap import ArrivalQueue
+from metroline.core.plugins.victims import last_admitted
+from metroline.core.requests.sequence import RUNNING
+from metroline.core.results.collector import StepRow
+from metroline.core.step.plan import StepPlan
+from metroline.core.workloads.build import build_workload
 from metroline.executors.cost_models import MODEL_PRESETS, RooflineCostModel
 from metroline.executors.registry import make_executor
 

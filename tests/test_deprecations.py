@@ -24,10 +24,10 @@ import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.cli import main
-from metroline.core import deprecations
-from metroline.core.deprecations import Deprecation, MetrolineDeprecationWarning
-from metroline.core.hookspecs import hookimpl
-from metroline.core.plugin_loader import has_hooks
+from metroline.core.plugins import deprecations
+from metroline.core.plugins.deprecations import Deprecation, MetrolineDeprecationWarning
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.loader import has_hooks
 
 ROOT = Path(__file__).parents[1]
 OLD_HRRN = ROOT / "tests" / "data" / "old_plugins" / "hrrn.py"

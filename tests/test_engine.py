@@ -17,11 +17,11 @@ from conftest import (
 )
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.hookspecs import hookimpl
-from metroline.core.runner import run_workload
-from metroline.core.sequence import FinishReason, SeqState
-from metroline.core.workloads import build_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.sequence import FinishReason, SeqState
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import build_workload
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.kv_backends.block_ops import COPY
@@ -492,8 +492,8 @@ def test_run_on_a_simulated_clock_waits_for_a_plugin_that_holds_requests_back():
     """A token bucket that is empty holds every request back; `Engine.run` idles the virtual clock
     to the time the plugin asked to be woken up, instead of spinning on empty steps."""
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
-    from metroline.core.request import Request, SamplingParams
+    from metroline.core.requests.request import Request, SamplingParams
+    from metroline.core.step.engine import Engine
 
     config = EngineConfig(policy="fcfs", plugins=["tenant_quota"], num_blocks=64, block_size=16,
                           plugin_options={"tenant_quota": {"default_token_rate": 100.0, "burst": 100.0}})
@@ -511,10 +511,10 @@ def test_run_on_a_simulated_clock_waits_for_a_plugin_that_holds_requests_back():
 
 def test_run_raises_when_plugins_never_schedule_anything():
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
     from metroline.core.errors import NoProgressError
-    from metroline.core.hookspecs import hookimpl
-    from metroline.core.request import Request
+    from metroline.core.plugins.hookspecs import hookimpl
+    from metroline.core.requests.request import Request
+    from metroline.core.step.engine import Engine
 
     class Nobody:
         name = "nobody"
@@ -533,8 +533,8 @@ def test_debug_logs_one_structlog_event_per_lifecycle_transition():
     import structlog
 
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
-    from metroline.core.request import Request, SamplingParams
+    from metroline.core.requests.request import Request, SamplingParams
+    from metroline.core.step.engine import Engine
 
     engine = Engine(EngineConfig(debug=True, num_blocks=4, block_size=4, max_num_seqs=2))
     with structlog.testing.capture_logs() as logs:
@@ -554,8 +554,8 @@ def test_debug_logs_one_structlog_event_per_lifecycle_transition():
 def test_no_logging_without_debug():
     import structlog
 
-    from metroline.core.engine import Engine
-    from metroline.core.request import Request
+    from metroline.core.requests.request import Request
+    from metroline.core.step.engine import Engine
 
     engine = Engine()
     with structlog.testing.capture_logs() as logs:
@@ -566,8 +566,8 @@ def test_no_logging_without_debug():
 
 def test_a_replay_forgets_ended_requests_but_keeps_their_metrics():
     from metroline.core.config import EngineConfig
-    from metroline.core.runner import run_workload
-    from metroline.core.workloads import build_workload
+    from metroline.core.experiments.runner import run_workload
+    from metroline.core.workloads.build import build_workload
     from metroline.executors.cost_models import make_cost_model
     from metroline.executors.simulated import SimulatedExecutor
 
@@ -580,8 +580,8 @@ def test_a_replay_forgets_ended_requests_but_keeps_their_metrics():
 
 
 def engine_with_one_request(retain):
-    from metroline.core.engine import Engine
-    from metroline.core.request import Request
+    from metroline.core.requests.request import Request
+    from metroline.core.step.engine import Engine
 
     engine = Engine(retain_finished=retain)
     engine.add_request(Request(prompt_token_ids=[1, 2, 3]))

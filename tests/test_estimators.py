@@ -11,9 +11,9 @@ import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.core.errors import PluginError, PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import QUEUED, FinishReason, Sequence
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import QUEUED, FinishReason, Sequence
 from metroline.policies.length_estimators import LengthMean, LengthRegression
 
 

@@ -8,8 +8,8 @@ import math
 from conftest import request
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.plan import StepPlan
+from metroline.core.step.engine import Engine
+from metroline.core.step.plan import StepPlan
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 
@@ -71,8 +71,8 @@ def test_a_request_arriving_at_a_step_boundary_is_served_by_that_step():
     # a keeps the engine busy from 0; b arrives at 0.1 s, after exactly 10 steps of 0.01 s, and the
     # engine has a free slot and blocks for it: b is scheduled by the step starting at 0.1 s and
     # its first token comes one step later
-    from metroline.core.runner import replay
-    from metroline.core.workloads import Workload, WorkloadItem
+    from metroline.core.experiments.runner import replay
+    from metroline.core.workloads.build import Workload, WorkloadItem
 
     engine = Engine(EngineConfig(), SimulatedExecutor(make_cost_model("steps", step_time=0.01)))
     replay(engine, Workload("w", [WorkloadItem(0.0, ((("a",), 8),), 30), WorkloadItem(0.1, ((("b",), 8),), 2)]))

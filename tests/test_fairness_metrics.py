@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from metroline.core.metrics import MetricsCollector, RequestRecord, fairness, result_document
-from metroline.core.report import format_comparison_table, format_fairness, format_summary_table
+from metroline.core.results.metrics import MetricsCollector, RequestRecord, fairness, result_document
+from metroline.core.results.report import format_comparison_table, format_fairness, format_summary_table
 
 
 def record(rid, tenant, arrival, finish, *, prompt=0, cached=0, first_token=None, token_times=(),

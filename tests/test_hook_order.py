@@ -11,10 +11,10 @@ import re
 import pytest
 from conftest import make_engine, request
 
-from metroline.core import hookspecs
-from metroline.core.budget import Split
 from metroline.core.errors import PluginError
-from metroline.core.hookspecs import STEP_PROTOCOL, hookimpl
+from metroline.core.plugins import hookspecs
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import STEP_PROTOCOL, hookimpl
 from metroline.plugins_contrib.tenant_shares import TenantShares
 
 NESTED = {"estimate_output_tokens"}  # asked by plugins from their own hooks, outside the protocol

@@ -8,10 +8,10 @@ from bisect import bisect_left
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.horizon import UNFINISHED, MeasurementWindow, as_seen_at
-from metroline.core.metrics import COMPLETED_REASONS, RequestRecord
-from metroline.core.runner import run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.results.horizon import UNFINISHED, MeasurementWindow, as_seen_at
+from metroline.core.results.metrics import COMPLETED_REASONS, RequestRecord
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.registry import simulated
 
 H = 3.0

@@ -5,13 +5,12 @@ estimated capacity and suggested `--rate-scale` match the capacity derived from 
 from __future__ import annotations
 
 import pytest
+from test_sweep import CAPACITY, OUT, STEP, N, config, sim, workload
 
-from metroline.core import load_check
-from metroline.core.run_series import series_of
-from metroline.core.runner import run_workload
-from metroline.core.sweep import at_rate
-
-from test_sweep import CAPACITY, N, OUT, STEP, config, sim, workload
+from metroline.core.experiments import load_check
+from metroline.core.experiments.run_series import series_of
+from metroline.core.experiments.runner import run_workload
+from metroline.core.experiments.sweep import at_rate
 
 
 def stats_at(rate: float, rate_scale: float = 1.0) -> dict:

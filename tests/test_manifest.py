@@ -14,9 +14,15 @@ import pytest
 
 from metroline import cli
 from metroline.core.config import EngineConfig
-from metroline.core.manifest import WALL_CLOCK_KEYS, build_manifest, items_sha256, plugin_entries, sha256_file
-from metroline.core.replay_check import canonical, changed_inputs, differences, load_manifest
-from metroline.core.workloads import build_workload
+from metroline.core.experiments.manifest import (
+    WALL_CLOCK_KEYS,
+    build_manifest,
+    items_sha256,
+    plugin_entries,
+    sha256_file,
+)
+from metroline.core.experiments.replay_check import canonical, changed_inputs, differences, load_manifest
+from metroline.core.workloads.build import build_workload
 
 SPEC = """num_requests = 60
 rate = 40.0

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from metroline.core.metrics import (
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import FinishReason, SeqState, Sequence
+from metroline.core.results.files import write_json, write_requests_csv, write_steps_csv
+from metroline.core.results.metrics import (
     LATENCY_FIELDS,
     SUMMARY_KEYS,
     MetricsCollector,
@@ -22,11 +25,8 @@ from metroline.core.metrics import (
     summarize_by_priority,
     summarize_by_tenant,
 )
-from metroline.core.plan import StepPlan
-from metroline.core.report import format_comparison_table, format_summary_table, print_summary_table
-from metroline.core.result_files import write_json, write_requests_csv, write_steps_csv
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import FinishReason, SeqState, Sequence
+from metroline.core.results.report import format_comparison_table, format_summary_table, print_summary_table
+from metroline.core.step.plan import StepPlan
 
 MAX_NUM_SEQS = 4
 

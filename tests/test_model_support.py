@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 import torch
+from torch_helpers import engine, greedy_request
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from metroline.executors.torch import support
 from metroline.executors.torch.support import UnsupportedModel
-from torch_helpers import engine, greedy_request
 
 VOCAB = 96
 MAX_NEW = 6
@@ -297,7 +297,7 @@ class LogitsRecorder:
     def __init__(self) -> None:
         self.first: dict[str, torch.Tensor] = {}
 
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def sample(self, seqs: list, logits: Any) -> list[int]:
@@ -312,7 +312,7 @@ def test_logits_equal_hf_forward(name: str, softcap: float | None) -> None:
     that prompt alone, packed with the others (Gemma2's default softcap of 50 moved them by up to
     0.09 when it was dropped; float32 rounding here is ~1e-5)."""
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
+    from metroline.core.step.engine import Engine
     from metroline.executors.torch import TorchExecutor
 
     case = next(c for c in CASES if c.name == name)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from metroline.core.paired import PAIRED_METRICS, format_paired_table, metric_value, paired_comparison
-from metroline.core.stats import interval, paired_difference
+from metroline.core.results.paired import PAIRED_METRICS, format_paired_table, metric_value, paired_comparison
+from metroline.core.results.stats import interval, paired_difference
 
 
 def doc(e2e: float, tok_s: float, tpot: float | None = 0.02, jain: float | None = 0.9) -> dict:
@@ -104,7 +104,7 @@ def test_a_tiny_but_consistent_difference_is_not_printed_as_zero():
 
 def test_report_documents_carry_means_intervals_and_verdicts_where_the_report_reads_them(comparison):
     from metroline.core.ab_report.tables import comparison_table, verdict_table
-    from metroline.core.paired import report_documents
+    from metroline.core.results.paired import report_documents
 
     shown = report_documents(comparison, [RUNS[p][0] for p in RUNS])
     srpt = shown[1]

@@ -4,12 +4,13 @@ window: the documents in worker processes equal those of running each one here, 
 
 from __future__ import annotations
 
-from metroline.core.config import EngineConfig
-from metroline.core.horizon import MeasurementWindow
-from metroline.core.parallel import run_many, run_workloads
-from metroline.core.workloads import build_workload
-from metroline.executors.registry import simulated
 from test_compare_parallel import without_wall_time
+
+from metroline.core.config import EngineConfig
+from metroline.core.experiments.parallel import run_many, run_workloads
+from metroline.core.results.horizon import MeasurementWindow
+from metroline.core.workloads.build import build_workload
+from metroline.executors.registry import simulated
 
 
 def test_runs_on_several_workloads_in_workers_equal_the_runs_one_by_one():

@@ -8,13 +8,13 @@ import inspect
 import math
 
 import pytest
-from conftest import RecordingExecutor, make_engine, request, run_to_end, assert_pool_drained
+from conftest import RecordingExecutor, assert_pool_drained, make_engine, request, run_to_end
 
-from metroline.core.budget import Split
 from metroline.core.errors import PluginError, PluginLoadError, RequestRefused
-from metroline.core.hookspecs import hookimpl
-from metroline.core.preemption import Preempt
-from metroline.core.sequence import FinishReason
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.preemption import Preempt
+from metroline.core.requests.sequence import FinishReason
 from metroline.policies.fcfs import FCFS
 from metroline.policies.priority import Priority
 from metroline.policies.srpt import SRPT
@@ -307,8 +307,8 @@ def test_a_check_request_answer_that_is_not_a_reason_is_a_plugin_error():
 
 def test_the_replay_records_a_refused_request_as_rejected():
     from metroline.core.config import EngineConfig
-    from metroline.core.runner import run_workload
-    from metroline.core.workloads import SyntheticSpec, Workload, generate
+    from metroline.core.experiments.runner import run_workload
+    from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 
     items = generate(SyntheticSpec(num_requests=3, prompt_len=8, output_len=4, tenants={"a": 1}))
     config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"max_running": {"a": 2}}})
@@ -322,7 +322,7 @@ def test_the_replay_records_a_refused_request_as_rejected():
 @pytest.mark.parametrize("spec", ["os.path", "json:loads", "json:decoder.JSONDecoder", "math:pi", "collections:OrderedDict"])
 def test_an_object_with_no_hook_is_not_a_plugin(spec):
     from metroline.core.config import EngineConfig
-    from metroline.core.plugins import PluginManager
+    from metroline.core.plugins.manager import PluginManager
 
     with pytest.raises(PluginLoadError, match=f"plugin '{spec}': .* has no metroline hook"):
         PluginManager(EngineConfig(policy=spec))
@@ -331,7 +331,7 @@ def test_an_object_with_no_hook_is_not_a_plugin(spec):
 @pytest.mark.parametrize("spec", [".", "..", "a..b", ":x", "1:2"])
 def test_a_malformed_spec_is_unknown(spec):
     from metroline.core.config import EngineConfig
-    from metroline.core.plugins import PluginManager
+    from metroline.core.plugins.manager import PluginManager
 
     with pytest.raises(PluginLoadError, match=f"unknown plugin {spec!r}"):
         PluginManager(EngineConfig(policy=spec))
@@ -341,12 +341,12 @@ def test_a_plugin_whose_import_or_init_raises_is_a_load_error(tmp_path, monkeypa
     import sys
 
     from metroline.core.config import EngineConfig
-    from metroline.core.plugins import PluginManager
+    from metroline.core.plugins.manager import PluginManager
 
     (tmp_path / "mtl_syntax_err.py").write_text("def (:\n")
     (tmp_path / "mtl_raises_at_import.py").write_text("raise RuntimeError('boom')\n")
     (tmp_path / "mtl_init_raises.py").write_text(
-        "from metroline.core.hookspecs import hookimpl\n"
+        "from metroline.core.plugins.hookspecs import hookimpl\n"
         "class P:\n"
         "    def __init__(self):\n        raise KeyError('k')\n"
         "    @hookimpl\n    def on_tokens(self, seqs):\n        pass\n"
@@ -366,7 +366,7 @@ def test_a_plugin_whose_import_or_init_raises_is_a_load_error(tmp_path, monkeypa
 
 def test_options_for_a_plugin_that_is_not_loaded_are_an_error():
     from metroline.core.config import EngineConfig
-    from metroline.core.plugins import PluginManager
+    from metroline.core.plugins.manager import PluginManager
 
     with pytest.raises(PluginLoadError, match=r"plugin_options.tenant_quta: no plugin 'tenant_quta' is loaded \(loaded: fcfs\)"):
         PluginManager(EngineConfig(plugin_options={"tenant_quta": {"max_running": {"a": 1}}}))

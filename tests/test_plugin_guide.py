@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
 from metroline.core.errors import PluginError, PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.sequence import RUNNING, Sequence
-from metroline.core.workloads import SyntheticSpec, Workload, generate, load_spec
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.requests.sequence import RUNNING, Sequence
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate, load_spec
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.testing import ConformanceError, check_plugin
@@ -139,7 +139,7 @@ def test_quiet_batch_admits_batch_only_while_half_the_pool_is_free(guide, on_pat
 
 
 def test_the_package_declares_its_entry_point_in_metrolines_group():
-    from metroline.core.plugin_loader import ENTRY_POINT_GROUP
+    from metroline.core.plugins.loader import ENTRY_POINT_GROUP
 
     project = tomllib.loads(FILES["acme-tenants/pyproject.toml"])["project"]
     assert project["entry-points"][ENTRY_POINT_GROUP] == {"acme_tenants": "acme_tenants.plugin:AcmeTenants"}

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ValidationError
 from metroline import cli
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
-from metroline.core.plugin_options import PluginOptionsError, options_model
-from metroline.core.plugins import SHIPPED, PluginManager, resolve
+from metroline.core.plugins.manager import SHIPPED, PluginManager, resolve
+from metroline.core.plugins.options import PluginOptionsError, options_model
 
 PLUGINS = {name: resolve(name) for name in SHIPPED}
 
@@ -202,7 +202,7 @@ def test_built_directly_by_keyword_by_position_or_from_options():
 USER_MODULE = '''
 from pydantic import BaseModel, ConfigDict, Field
 
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
 from metroline.policies.fcfs import FCFS
 
 

@@ -11,13 +11,13 @@ import pytest
 from conftest import assert_pool_drained, make_engine, request, run_to_end
 
 from metroline import cli
-from metroline.core.budget import Split
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginError, PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.plugins import SHIPPED, PluginManager
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import FinishReason, Sequence
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.manager import SHIPPED, PluginManager
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import FinishReason, Sequence
 from metroline.policies.fcfs import FCFS
 from metroline.policies.static import StaticBatching
 
@@ -47,7 +47,7 @@ def test_each_engine_gets_its_own_policy_instance():
 
 
 PLUGIN_MODULE = '''
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
 
 
 class Counter:
@@ -163,7 +163,7 @@ def entry_point_dist(tmp_path, monkeypatch):
     """A distribution `fake_dist` on sys.path declaring the entry point `fake_ep` in the group
     `metroline.plugins` (and one, `broken_ep`, whose target does not import)."""
     (tmp_path / "mtl_fake_ep_plugin.py").write_text(textwrap.dedent('''
-        from metroline.core.hookspecs import hookimpl
+        from metroline.core.plugins.hookspecs import hookimpl
 
 
         class Plugin:
@@ -543,7 +543,7 @@ def test_a_dotted_path_finds_a_module_in_the_current_folder_last(tmp_path, monke
     """A module on no `sys.path` entry is looked for in the current folder (what `python -m`
     gives and the `metroline` script does not); a module found nowhere leaves `sys.path` as it was
     and names itself; one that imports a missing module names that one."""
-    from metroline.core.plugin_loader import resolve
+    from metroline.core.plugins.loader import resolve
 
     (tmp_path / "here_policy_xyz.py").write_text(textwrap.dedent("""
         from metroline.policies.fcfs import FCFS

@@ -11,11 +11,11 @@ from conftest import make_engine, request, run_to_end
 
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.request import SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.sequence import Sequence
-from metroline.core.workloads import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import Sequence
+from metroline.core.workloads.build import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.srpt import SRPT, tokens_to_prefill

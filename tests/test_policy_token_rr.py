@@ -7,24 +7,23 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from conftest import make_engine, request, run_to_end
 
-from metroline.core.budget import Split
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
-from metroline.core.hookspecs import hookimpl
-from metroline.core.metrics import DECODE_TOKENS, DECODING
-from metroline.core.plan import StepPlan
-from metroline.core.plugins import PluginManager
-from metroline.core.request import SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.sequence import SeqState, Sequence
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import SeqState, Sequence
+from metroline.core.results.metrics import DECODE_TOKENS, DECODING
+from metroline.core.step.plan import StepPlan
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.token_rr import TokenRoundRobin
 from metroline.testing import check_plugin
-
-from conftest import make_engine, request, run_to_end
 
 
 def seq(rid: str, arrival: float = 0.0, prompt: int = 4) -> Sequence:

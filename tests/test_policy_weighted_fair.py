@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from metroline.cli import build_parser, resolve_options
-from metroline.core.candidates import Candidates
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
-from metroline.core.metrics import fairness
-from metroline.core.plugins import PluginManager
-from metroline.core.request import SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.sequence import SeqState, Sequence
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import SeqState, Sequence
+from metroline.core.results.metrics import fairness
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.weighted_fair import WeightedFair

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.hookspecs import hookimpl
-from metroline.core.lazy_heap import arrival_key
-from metroline.core.runner import run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.lazy_heap import arrival_key
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 
@@ -62,7 +62,7 @@ trace, 32 slots, 2,048 batched tokens, 1,500 blocks of 16 tokens, 10 ms steps (m
 
 
 def test_azure_conversation_preemptions_stay_within_1_2x_of_vllm():
-    from metroline.core.workloads import WorkloadError, build_workload, find_traces_dir
+    from metroline.core.workloads.build import WorkloadError, build_workload, find_traces_dir
 
     try:
         traces = find_traces_dir()

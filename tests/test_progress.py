@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.plan import StepPlan, StepResult
+from metroline.core.step.engine import Engine
+from metroline.core.step.plan import StepPlan, StepResult
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT

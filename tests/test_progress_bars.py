@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from metroline.core.progress import ProgressBar, ProgressBoard
+from metroline.core.results.progress import ProgressBar, ProgressBoard
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -9,11 +9,11 @@ import pytest
 from conftest import assert_pool_drained, live_tables, request, tokens
 
 from metroline.cli import main
-from metroline.core.candidates import Candidates
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
 from metroline.core.errors import NoProgressError, PluginError
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.step.engine import Engine
 
 
 def run_bounded(engine: Engine, max_steps: int) -> int:
@@ -60,7 +60,7 @@ def test_finding_2_token_rr_half_prefilled_requests_do_not_preempt_each_other_fo
     for i, (p, o) in enumerate(TOKEN_RR_LIVELOCK):
         engine.add_request(request(f"r{i}", tokens(i + 1, p), max_new=o))
     total = sum(p + o for p, o in TOKEN_RR_LIVELOCK)
-    from metroline.core.preemption import is_protected
+    from metroline.core.plugins.preemption import is_protected
 
     protected_seen = []
     steps = 0
@@ -107,7 +107,7 @@ class AllToDecode:
 
     @hookimpl
     def split_budget(self, ctx, budget):
-        from metroline.core.budget import Split
+        from metroline.core.plugins.budget import Split
 
         return Split(budget, 0, ctx.config.prefill_chunk)
 

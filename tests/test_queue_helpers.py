@@ -8,14 +8,14 @@ import types
 import pytest
 from conftest import make_engine, request, run_to_end
 
-from metroline.core.candidates import Candidates
-from metroline.core.hookspecs import hookimpl
-from metroline.core.inflight import PromptsInFlight, missing_blocks
-from metroline.core.lazy_heap import LazyHeap, arrival_key
-from metroline.core.queue_order import FIRST_CHUNK, queued_in_order
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import FINISHED, RUNNING, SWAPPED, WAITING, Sequence
-from metroline.core.victims import last_admitted, last_admitted_victim
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.inflight import PromptsInFlight, missing_blocks
+from metroline.core.plugins.lazy_heap import LazyHeap, arrival_key
+from metroline.core.plugins.queue_order import FIRST_CHUNK, queued_in_order
+from metroline.core.plugins.victims import last_admitted, last_admitted_victim
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import FINISHED, RUNNING, SWAPPED, WAITING, Sequence
 
 
 def seqs(n: int, prompt: int = 1) -> list[Sequence]:

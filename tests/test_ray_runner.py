@@ -12,10 +12,10 @@ ray = pytest.importorskip("ray")
 
 from metroline import cli  # noqa: E402
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.replay_check import without_wall_clock  # noqa: E402
-from metroline.core.run_series import series_of  # noqa: E402
-from metroline.core.parallel import run_many  # noqa: E402
-from metroline.core.workloads import build_workload  # noqa: E402
+from metroline.core.experiments.parallel import run_many  # noqa: E402
+from metroline.core.experiments.replay_check import without_wall_clock  # noqa: E402
+from metroline.core.experiments.run_series import series_of  # noqa: E402
+from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.registry import make_executor  # noqa: E402
 
 # a pool small enough to preempt, three tenants, two priority classes: the policies differ

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 from metroline.core.config import EngineConfig
-from metroline.core.hookspecs import hookimpl
-from metroline.core.workloads import SyntheticSpec, Workload, generate
-from metroline.core.runner import run_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

@@ -9,10 +9,10 @@ from conftest import assert_pool_drained, make_engine, request, run_to_end
 from pydantic import ValidationError
 
 from metroline.core.config import EngineConfig
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import run_workload
-from metroline.core.sequence import FinishReason
-from metroline.core.workloads import Workload, WorkloadItem
+from metroline.core.experiments.runner import run_workload
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.requests.sequence import FinishReason
+from metroline.core.workloads.build import Workload, WorkloadItem
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

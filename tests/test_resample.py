@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from metroline.core.resample import random_window, redraw, resample
-from metroline.core.workloads import WorkloadError, WorkloadItem
+from metroline.core.workloads.build import WorkloadError, WorkloadItem
+from metroline.core.workloads.resample import random_window, redraw, resample
 
 
 def trace(n: int = 400) -> list[WorkloadItem]:

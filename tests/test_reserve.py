@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from metroline.core.candidates import Candidates
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.hookspecs import hookimpl
-from metroline.core.request import Request, SamplingParams
-from metroline.core.runner import replay, run_workload
-from metroline.core.workloads import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
+from metroline.core.experiments.runner import replay, run_workload
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.request import Request, SamplingParams
+from metroline.core.step.engine import Engine
+from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 from metroline.policies.reserve import ReserveBlocks

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from conftest import assert_pool_drained, live_tables, make_engine, request, run_to_end
 
-from metroline.core.hookspecs import hookimpl
-from metroline.core.sequence import SeqState
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.sequence import SeqState
 
 PREFIX = [7, 8, 9, 10, 11, 12, 13, 14]  # two blocks of 4 tokens
 

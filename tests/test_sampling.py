@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from metroline.core.request import SamplingParams
-from metroline.core.sampling import sample_rows
-from metroline.core.sequence import Sequence
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sampling import sample_rows
+from metroline.core.requests.sequence import Sequence
 
 LOGITS = [0.0, 3.0, 1.0, 2.9, -1.0]  # token 1 is the argmax, token 3 close behind
 

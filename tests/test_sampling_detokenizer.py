@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from metroline.core.detokenizer import Detokenizer, find_stop
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import Sequence
+from metroline.core.requests.detokenizer import Detokenizer, find_stop
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import Sequence
 
 TEXTS = [
     "Le métro 🚇 arrive à 9h — ça va? 東京メトロ\n\nNext stop: Gare du Nord.",

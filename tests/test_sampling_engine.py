@@ -9,8 +9,8 @@ pytest.importorskip("transformers")
 from sampling_models import LinearModel, ScriptedModel, bpe_tokenizer  # noqa: E402
 
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.engine import Engine  # noqa: E402
-from metroline.core.sequence import FinishReason  # noqa: E402
+from metroline.core.requests.sequence import FinishReason  # noqa: E402
+from metroline.core.step.engine import Engine  # noqa: E402
 
 VOCAB = 64
 TARGET = dict(temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.2, seed=1234, max_new_tokens=24)
@@ -152,7 +152,7 @@ def test_stop_strings_need_a_tokenizer():
 
 
 def test_a_sample_plugin_sees_the_logits_tensor_and_the_eos_id():
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     seen = []
 

@@ -7,10 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from metroline.core.request import SamplingParams  # noqa: E402
-from metroline.core.sampling import Sampler, processed_logits, request_seed  # noqa: E402
-from metroline.core.sampling_torch import apply_penalties  # noqa: E402
-from metroline.core.sequence import Sequence  # noqa: E402
+from metroline.core.requests.request import SamplingParams  # noqa: E402
+from metroline.core.requests.sampling import processed_logits, request_seed  # noqa: E402
+from metroline.core.requests.sequence import Sequence  # noqa: E402
+from metroline.executors.torch.sampling import TorchSampler as Sampler  # noqa: E402
+from metroline.executors.torch.sampling import apply_penalties  # noqa: E402
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 LOG_PROBS = [math.log(p) for p in PROBS]  # softmax(LOG_PROBS) == PROBS
@@ -92,7 +93,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token():
     # 1e-300 > 0 passes validation but is 0.0 in float32: the nucleus is the top token alone,
     # whether it is found among the candidates or by the full sort of a wide vocabulary
-    from metroline.core.sampling_torch import CANDIDATES
+    from metroline.executors.torch.sampling import CANDIDATES
 
     assert set(draws(200, top_p=1e-300)) == {0}
     flat = [-1e-6 * i for i in range(3 * CANDIDATES)]
@@ -194,7 +195,7 @@ def test_a_logits_tensor_of_the_wrong_shape_is_refused():
 
 
 def test_cut_offs_per_row_in_a_mixed_batch():
-    from metroline.core.sampling_torch import cut_offs
+    from metroline.executors.torch.sampling import cut_offs
 
     x = rows(LOG_PROBS, 4)
     params = [SamplingParams(top_k=2, top_p=0.6), SamplingParams(top_p=0.75), SamplingParams(),
@@ -206,7 +207,7 @@ def test_cut_offs_per_row_in_a_mixed_batch():
 
 
 def test_a_nucleus_wider_than_the_candidates_is_sorted_in_full():
-    from metroline.core.sampling_torch import CANDIDATES, cut_offs
+    from metroline.executors.torch.sampling import CANDIDATES, cut_offs
 
     vocab, slope = 3 * CANDIDATES, 1e-4
     r = math.exp(-slope)  # token i has probability r**i / sum: nearly flat, so the nucleus is wide

@@ -11,7 +11,7 @@ pytest.importorskip("metroline.executors.torch")
 from torch_helpers import random_prompts, tiny_llama  # noqa: E402
 
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.engine import Engine  # noqa: E402
+from metroline.core.step.engine import Engine  # noqa: E402
 from metroline.executors.torch import TorchExecutor  # noqa: E402
 
 TARGET = {"temperature": 0.9, "top_p": 0.95, "top_k": 40, "repetition_penalty": 1.1, "seed": 99,

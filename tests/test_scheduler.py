@@ -9,9 +9,9 @@ import random
 import pytest
 from conftest import STEP, assert_pool_drained, live_tables, make_engine, request, run_to_end
 
-from metroline.core.candidates import Candidates
-from metroline.core.hookspecs import hookimpl
-from metroline.core.sequence import FinishReason, SeqState
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.sequence import FinishReason, SeqState
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 
 
@@ -329,7 +329,7 @@ def test_fcfs_refills_a_slot_as_soon_as_it_frees():
 
 
 def test_candidates_filter_skips_and_gate_blocks_under_head_of_line():
-    from metroline.core.candidates import Candidates
+    from metroline.core.plugins.candidates import Candidates
 
     closed = []
 
@@ -352,8 +352,8 @@ def test_candidates_filter_skips_and_gate_blocks_under_head_of_line():
 
 def test_candidates_tell_a_wrapper_which_candidates_the_scheduler_admitted():
     """`admitted` hears of a let-through candidate that got admitted, before the next is judged."""
-    from metroline.core.request import SamplingParams
-    from metroline.core.sequence import Sequence
+    from metroline.core.requests.request import SamplingParams
+    from metroline.core.requests.sequence import Sequence
 
     seqs = [Sequence(f"r{i}", [1, 2], SamplingParams(), 0.0) for i in range(4)]
     heard, judged = [], []
@@ -377,9 +377,9 @@ def test_candidates_tell_a_wrapper_which_candidates_the_scheduler_admitted():
 
 
 def test_a_plan_keeps_its_counters_and_budget_through_add_and_drop():
-    from metroline.core.plan import StepPlan
-    from metroline.core.request import SamplingParams
-    from metroline.core.sequence import Sequence
+    from metroline.core.requests.request import SamplingParams
+    from metroline.core.requests.sequence import Sequence
+    from metroline.core.step.plan import StepPlan
 
     def seq(name, prompt, computed):
         s = Sequence(name, list(range(prompt)), SamplingParams(max_new_tokens=4), 0.0)

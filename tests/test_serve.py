@@ -15,14 +15,14 @@ pytest.importorskip("uvicorn")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.engine import Engine  # noqa: E402
 from metroline import hookimpl  # noqa: E402
-from metroline.core.metrics import MetricsCollector, fairness  # noqa: E402
-from metroline.core.request import Request, SamplingParams  # noqa: E402
+from metroline.core.config import EngineConfig  # noqa: E402
+from metroline.core.requests.request import Request, SamplingParams  # noqa: E402
+from metroline.core.results.metrics import MetricsCollector, fairness  # noqa: E402
 from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
 from metroline.core.serving.tenants import ServeConfig, Tenants  # noqa: E402
 from metroline.core.serving.tokens import ContentTokens, StandInTokenizer  # noqa: E402
+from metroline.core.step.engine import Engine  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
@@ -166,7 +166,7 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: list[tuple] = []
 
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def on_arrival(self, seqs):
@@ -626,7 +626,7 @@ class LongPromptRefusal:
 
     name = "long_prompt_refusal"
 
-    from metroline.core.hookspecs import hookimpl
+    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def check_request(self, seq):

@@ -16,16 +16,16 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from test_serve import ids, stream_all  # noqa: E402
+from torch_helpers import VOCAB, tiny_llama  # noqa: E402
+
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.engine import Engine  # noqa: E402
-from metroline.core.request import Request, SamplingParams  # noqa: E402
+from metroline.core.requests.request import Request, SamplingParams  # noqa: E402
 from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
 from metroline.core.serving.tenants import ServeConfig  # noqa: E402
 from metroline.core.serving.tokens import StandInTokenizer  # noqa: E402
+from metroline.core.step.engine import Engine  # noqa: E402
 from metroline.executors.torch import TorchExecutor  # noqa: E402
-
-from test_serve import ids, stream_all  # noqa: E402
-from torch_helpers import VOCAB, tiny_llama  # noqa: E402
 
 
 def test_64_streams_on_a_real_model_with_a_fifth_hanging_up_get_their_greedy_tokens_alone():

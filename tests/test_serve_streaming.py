@@ -18,11 +18,11 @@ pytest.importorskip("uvicorn")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from metroline.core.config import EngineConfig  # noqa: E402
-from metroline.core.engine import Engine  # noqa: E402
-from metroline.core.request import Request, SamplingParams  # noqa: E402
+from metroline.core.requests.request import Request, SamplingParams  # noqa: E402
 from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
 from metroline.core.serving.tenants import ServeConfig  # noqa: E402
 from metroline.core.serving.tokens import ContentTokens, StandInTokenizer  # noqa: E402
+from metroline.core.step.engine import Engine  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402

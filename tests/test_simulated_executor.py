@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from metroline.core.plan import StepPlan, StepResult
-from metroline.core.request import SamplingParams
-from metroline.core.sequence import Sequence
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import Sequence
+from metroline.core.step.plan import StepPlan, StepResult
 from metroline.executors.base import Executor, count_block_ops
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor

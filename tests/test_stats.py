@@ -8,7 +8,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from metroline.core.stats import (
+from metroline.core.results.stats import (
     BETTER,
     NO_DIFFERENCE,
     WORSE,

@@ -12,9 +12,9 @@ import pytest
 from conftest import assert_pool_drained, tokens
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.plan import StepPlan, StepResult
-from metroline.core.sequence import FinishReason, SeqState
+from metroline.core.requests.sequence import FinishReason, SeqState
+from metroline.core.step.engine import Engine
+from metroline.core.step.plan import StepPlan, StepResult
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

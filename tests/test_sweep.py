@@ -19,10 +19,10 @@ import math
 import pytest
 
 from metroline.core.config import EngineConfig
-from metroline.core.slo import evaluate, meets, parse_slo
-from metroline.core.sweep import Sweep, at_rate, native_rate
-from metroline.core.metrics import RequestRecord
-from metroline.core.workloads import SyntheticSpec, Workload, generate
+from metroline.core.experiments.slo import evaluate, meets, parse_slo
+from metroline.core.experiments.sweep import Sweep, at_rate, native_rate
+from metroline.core.results.metrics import RequestRecord
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
 from metroline.executors.registry import make_executor
 
 STEP, SLOTS, OUT, N = 0.01, 8, 20, 300

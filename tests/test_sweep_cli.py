@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_sweep import CAPACITY, OUT, SLOTS, STEP, N
 
 from metroline import cli
-
-from test_sweep import CAPACITY, N, OUT, SLOTS, STEP
 
 SPEC = f"""num_requests = {N}
 rate = {CAPACITY / 2}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import csv
 
 from metroline.core.config import EngineConfig
-from metroline.core.hookspecs import hookimpl
-from metroline.core.report import format_summary_table
-from metroline.core.result_files import write_steps_csv
-from metroline.core.runner import run_workload
-from metroline.core.workload_items import Workload, WorkloadItem
+from metroline.core.experiments.runner import run_workload
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.results.files import write_steps_csv
+from metroline.core.results.report import format_summary_table
+from metroline.core.workloads.items import Workload, WorkloadItem
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

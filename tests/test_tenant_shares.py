@@ -11,9 +11,9 @@ import random
 import pytest
 from conftest import assert_pool_drained, live_tables, make_engine, request, run_to_end
 
-from metroline.core.budget import Split
 from metroline.core.errors import PluginError
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.hookspecs import hookimpl
 from metroline.plugins_contrib.tenant_shares import TenantShares
 from metroline.testing import ConformanceError, check_plugin
 

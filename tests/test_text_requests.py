@@ -7,9 +7,9 @@ import json
 import pytest
 
 from metroline import cli
-from metroline.core.request import SamplingParams
-from metroline.core.text_requests import is_request_file, load_requests
-from metroline.core.workloads import WorkloadError, build_workload
+from metroline.core.requests.request import SamplingParams
+from metroline.core.workloads.build import WorkloadError, build_workload
+from metroline.core.workloads.text_requests import is_request_file, load_requests
 
 
 def write(tmp_path, *lines, name="reqs.jsonl"):
@@ -159,8 +159,8 @@ def test_a_text_request_file_runs_on_a_model_and_the_outputs_have_the_text(tmp_p
     from sampling_models import ScriptedModel
 
     from metroline.core.config import EngineConfig
-    from metroline.core.runner import run_workload
-    from metroline.core.text_requests import OutputsWriter
+    from metroline.core.experiments.runner import run_workload
+    from metroline.core.workloads.text_requests import OutputsWriter
 
     script = tokenizer.encode("the cat sat on the mat.")
     path = write(
@@ -187,7 +187,7 @@ def test_a_text_request_file_runs_on_a_model_and_the_outputs_have_the_text(tmp_p
 def test_a_lines_metadata_reaches_the_plugins_on_each_sample(tmp_path):
     from metroline import hookimpl
     from metroline.core.config import EngineConfig
-    from metroline.core.engine import Engine
+    from metroline.core.step.engine import Engine
 
     class Seen:
         def __init__(self):
@@ -207,9 +207,9 @@ def test_a_lines_metadata_reaches_the_plugins_on_each_sample(tmp_path):
 
 
 def test_the_outputs_line_carries_the_logprobs_a_request_asked_for():
-    from metroline.core.request import Request
-    from metroline.core.sequence import Sequence
-    from metroline.core.text_requests import output_record
+    from metroline.core.requests.request import Request
+    from metroline.core.requests.sequence import Sequence
+    from metroline.core.workloads.text_requests import output_record
 
     asked = Sequence.from_request(Request(request_id="a", prompt_token_ids=[1], sampling=SamplingParams(logprobs=1)),
                                   0.0, 0)

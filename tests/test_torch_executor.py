@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch_helpers import Argmax, engine, greedy_request, hf_greedy, random_prompts, tiny_llama
 
 from metroline.cli import main
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.sequence import FinishReason
+from metroline.core.requests.sequence import FinishReason
+from metroline.core.step.engine import Engine
 from metroline.executors.registry import make_executor, resolve_executor
 from metroline.executors.torch import TorchExecutor
 from metroline.executors.torch.loader import locate
-from torch_helpers import Argmax, engine, greedy_request, hf_greedy, random_prompts, tiny_llama
 
 
 @pytest.fixture(scope="module")

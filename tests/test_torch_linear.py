@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_helpers import tiny_llama
 
 from metroline.executors.torch import TorchExecutor, linear
-from torch_helpers import tiny_llama
 
 pytestmark = pytest.mark.skipif(
     not linear.available(torch.device("cpu"), torch.float32), reason="torch built without oneDNN"

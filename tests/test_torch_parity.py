@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from torch_helpers import engine, greedy_request, hf_greedy, random_prompts, tiny_llama
 
 MAX_NEW = 12

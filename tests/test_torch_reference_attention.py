@@ -4,10 +4,9 @@ blocks, padded block tables."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-
-import pytest
 
 from metroline.executors.torch.reference_attention import paged_attention, write_kv
 

@@ -8,11 +8,11 @@ from collections import Counter
 
 from conftest import make_engine, request
 
-from metroline.core.candidates import Candidates
-from metroline.core.hookspecs import hookimpl
-from metroline.core.queue_order import queued_in_order
-from metroline.core.sequence import RUNNING
-from metroline.core.victim_loop import REFUSALS_PER_STEP
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.queue_order import queued_in_order
+from metroline.core.requests.sequence import RUNNING
+from metroline.core.step.victim_loop import REFUSALS_PER_STEP
 from metroline.testing import check_plugin
 
 

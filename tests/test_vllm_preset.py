@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from metroline.core.config import EngineConfig, presets
-from metroline.core.runner import run_workload
-from metroline.core.workloads import build_workload
+from metroline.core.experiments.runner import run_workload
+from metroline.core.workloads.build import build_workload
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 

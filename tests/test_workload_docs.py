@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from metroline.core.workload_items import WorkloadError
-from metroline.core.workload_specs import FixedLength, LognormalLength, TenantSpec, UniformLength
-from metroline.core.workloads import SyntheticSpec, generate, load_spec
+from metroline.core.workloads.build import SyntheticSpec, generate, load_spec
+from metroline.core.workloads.items import WorkloadError
+from metroline.core.workloads.specs import FixedLength, LognormalLength, TenantSpec, UniformLength
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "workloads.md"
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from metroline.core.traces import load_azure, load_mooncake
-from metroline.core.workloads import (
+from metroline.core.workloads.build import (
     BUILTIN_WORKLOADS,
     SyntheticSpec,
     Workload,
@@ -24,6 +23,7 @@ from metroline.core.workloads import (
     load_spec,
     segment_tokens,
 )
+from metroline.core.workloads.traces import load_azure, load_mooncake
 
 try:
     TRACES = find_traces_dir()

@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from metroline.core.config import EngineConfig
-from metroline.core.engine import Engine
-from metroline.core.hookspecs import hookimpl
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.step.engine import Engine
 from metroline.executors.torch import TorchExecutor
 
 VOCAB = 128

@@ -15,7 +15,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from ..run_series import RunSeries
+from ..experiments.run_series import RunSeries
 from .document import Block, Heading, Image, Paragraph, to_html, to_markdown
 from .tables import capacity_table, comparison_table, file_stem, fmt, manifest_table, points_table, verdict_table
 
@@ -36,7 +36,7 @@ def _prepare(folder: str | Path) -> Path:
 
 
 def _write(folder: Path, blocks: list[Block], title: str, doc: dict[str, Any]) -> None:
-    from ..result_files import write_json
+    from ..results.files import write_json
 
     (folder / "report.md").write_text(f"# {title}\n\n" + to_markdown(blocks), encoding="utf-8")
     (folder / "report.html").write_text(to_html([Heading(title, 1), *blocks], title), encoding="utf-8")
@@ -77,8 +77,8 @@ def write_compare_report(
 ) -> Path:
     """Write the report of a comparison: `doc` is its result document (`{"runs", "manifest",
     "load_check"?}`), `series` the `RunSeries` of each run, in the order of `labels`."""
+    from ..results.files import write_requests_csv
     from . import plots
-    from ..result_files import write_requests_csv
 
     _require_matplotlib()
     folder = _prepare(folder)
@@ -106,8 +106,8 @@ def write_compare_report(
 def write_sweep_report(folder: str | Path, doc: dict[str, Any], series: dict[tuple[str, float], RunSeries]) -> Path:
     """Write the report of a load sweep: `doc` is `Sweep.document` (with its manifest), `series`
     the `RunSeries` of each (policy, rate) point."""
+    from ..results.files import write_requests_csv
     from . import plots
-    from ..result_files import write_requests_csv
 
     _require_matplotlib()
     folder = _prepare(folder)

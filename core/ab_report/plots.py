@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..slo import latencies
-from ..run_series import RunSeries
+from ..experiments.run_series import RunSeries
+from ..experiments.slo import latencies
 
 DPI = 110
 LATENCIES = (("ttft", "TTFT", "time to first token"), ("tpot", "TPOT", "time per output token"),

@@ -8,7 +8,13 @@ from typing import Any
 from .flags import COMPARE_REFUSED
 from .logs import log_to_stderr
 from .options import (
-    check_output_paths, fit_config, make_executor, make_workload, measurement, resolve_options, user_fields,
+    check_output_paths,
+    fit_config,
+    make_executor,
+    make_workload,
+    measurement,
+    resolve_options,
+    user_fields,
     workload_seed,
 )
 from .outputs import check_report_folder, manifest_for, warn
@@ -20,7 +26,7 @@ POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 def _own_options(configs: list[Any]) -> list[Any]:
     """Give each compared run the plugin options of the plugins it loads (a config file may hold
     options for a plugin only some runs stack); an option table no run loads is an error."""
-    from ..plugins import plugin_name, resolve
+    from ..plugins.manager import plugin_name, resolve
 
     loaded = []
     for c in configs:
@@ -90,12 +96,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Run each policy of `--policies` on one workload (in parallel workers); print the comparison,
     and warn when the load is too light or too heavy for the policies to differ. With `--seeds K`,
     on K draws of the workload, and print the paired comparison (`core/paired.py`)."""
-    from .. import report, result_files
-    from ..load_check import check
-    from ..paired import format_paired_table, paired_comparison, report_documents
-    from ..parallel import run_many
-    from ..run_series import series_of
-    from ..slo import evaluate, parse_slo
+    from ..experiments.load_check import check
+    from ..experiments.parallel import run_many
+    from ..experiments.run_series import series_of
+    from ..experiments.slo import evaluate, parse_slo
+    from ..results import files as result_files
+    from ..results import report
+    from ..results.paired import format_paired_table, paired_comparison, report_documents
 
     refuse_run_flags(args)
     config, run = resolve_options(args)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..sequence import FinishReason
+from ..requests.sequence import FinishReason
 from .options import fit_config, make_executor
 
 
@@ -62,9 +62,8 @@ class _TextStream:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from `args.prompts` as one batch, printing the text as it comes."""
     from ..config import EngineConfig
-    from ..engine import Engine
-
-    from ..request import SamplingParams
+    from ..requests.request import SamplingParams
+    from ..step.engine import Engine
 
     sampling: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                                 "ignore_eos": args.ignore_eos}

@@ -18,7 +18,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     installed entry points."""
     from importlib.metadata import entry_points
 
-    from ..plugins import ENTRY_POINT_GROUP, SHIPPED, PluginManager, resolve
+    from ..plugins.manager import ENTRY_POINT_GROUP, SHIPPED, PluginManager, resolve
 
     config, _ = resolve_options(args)
     manager = PluginManager(config)
@@ -46,7 +46,7 @@ def option_lines(plugin: Any) -> list[str]:
     default D): description`, with `= value` after the name for a loaded plugin whose value differs
     from the default. A class that declares no `Options` model but takes keyword arguments gets
     one line naming them."""
-    from ..plugin_options import describe_options, options_model
+    from ..plugins.options import describe_options, options_model
 
     model = options_model(plugin)
     if model is None:
@@ -69,7 +69,7 @@ def option_lines(plugin: Any) -> list[str]:
 
 def cmd_workloads(args: argparse.Namespace) -> int:
     """List the built-in workloads with their descriptions."""
-    from ..workloads import BUILTIN_WORKLOADS
+    from ..workloads.build import BUILTIN_WORKLOADS
 
     for name, description in BUILTIN_WORKLOADS.items():
         print(f"{name:<14} {description}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..progress import is_terminal
+from ..results.progress import is_terminal
 
 
 class _Stderr:

@@ -114,7 +114,7 @@ def relative_to_file(table: dict[str, Any], config_path: Path) -> dict[str, Any]
     """The `[run]` table of the config file at `config_path` with its relative paths (a workload
     file, the traces folder, a cost model's `path` parameter) taken from the file's folder, not
     the working directory; a built-in workload name stays a name."""
-    from ..workload_generators import BUILTIN_WORKLOADS
+    from ..workloads.generators import BUILTIN_WORKLOADS
 
     folder = config_path.parent
 
@@ -207,7 +207,7 @@ def workload_seed(config: Any) -> int | None:
 def make_workload(run: dict[str, Any], seed: int | None, tokenizer: Any = None) -> Any:
     """The workload the run options name (default: the chat built-in), built with `seed` (see
     `workload_seed`; a trace is resampled by the `resample` option when a seed is given)."""
-    from ..workloads import build_workload
+    from ..workloads.build import build_workload
 
     return build_workload(
         run.get("workload", "chat"), seed=seed, rate_scale=run.get("rate_scale", 1.0),
@@ -219,7 +219,7 @@ def make_workload(run: dict[str, Any], seed: int | None, tokenizer: Any = None) 
 
 def measurement(run: dict[str, Any]) -> Any:
     """The measurement window of the `warmup` and `horizon` run options (None when neither is set)."""
-    from ..horizon import MeasurementWindow
+    from ..results.horizon import MeasurementWindow
 
     warmup, horizon = run.get("warmup") or 0.0, run.get("horizon")
     if not warmup and horizon is None:

@@ -28,7 +28,7 @@ def check_report_folder(args: argparse.Namespace) -> None:
 def manifest_for(args: argparse.Namespace, config: Any, run: dict[str, Any], workload: Any,
                  configs: list[Any] | None = None) -> dict[str, Any]:
     """The manifest of the command `args` ran (see `core/manifest.py`)."""
-    from ..manifest import argv_of, build_manifest
+    from ..experiments.manifest import argv_of, build_manifest
 
     return build_manifest(argv_of(args), config, run, workload, configs=configs,
                           config_file=getattr(args, "config", None))

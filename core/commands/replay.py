@@ -10,7 +10,7 @@ from pathlib import Path
 
 def cmd_replay(args: argparse.Namespace, rerun: Callable[[list[str], Path], None]) -> int:
     """Exit status 0 when the rerun's result is identical (the environment may differ), 1 when not."""
-    from ..replay_check import replay_file
+    from ..experiments.replay_check import replay_file
 
     outcome = replay_file(args.file, rerun)
     print(outcome.describe(args.file))

@@ -11,8 +11,9 @@ from .outputs import check_report_folder, manifest_for
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the workload under the policy of `args`; print the summary table."""
-    from .. import report, result_files
-    from ..runner import run_workload
+    from ..experiments.runner import run_workload
+    from ..results import files as result_files
+    from ..results import report
 
     config, run, executor = prepare(args)
     if config.debug:
@@ -24,7 +25,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     vocab = getattr(executor, "vocab_size", None)
     writer = None
     if args.outputs:
-        from ..text_requests import OutputsWriter
+        from ..workloads.text_requests import OutputsWriter
 
         writer = OutputsWriter(args.outputs)
     try:
@@ -44,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result_files.write_json(args.json, doc)
     if args.report:
         from ..ab_report import write_compare_report
-        from ..run_series import series_of
+        from ..experiments.run_series import series_of
 
         result = {"runs": [doc], "manifest": doc.get("manifest")}
         label = doc["policy"]

@@ -16,7 +16,7 @@ def parse_rates(text: str) -> list[float] | None:
     """`--rates`: `auto` (None: bisection) or comma-separated requests per second, each > 0."""
     if text.strip().lower() == "auto":
         return None
-    from ..slo import positive_number
+    from ..experiments.slo import positive_number
 
     rates = [positive_number(item, "--rates", "requests per second") for item in (p.strip() for p in text.split(",")) if item]
     if not rates:
@@ -27,7 +27,7 @@ def parse_rates(text: str) -> list[float] | None:
 def sweep_load_check(sweep: Any) -> dict[str, Any] | None:
     """The load check at the lowest and the highest rate every policy ran: a warning when even the
     highest is too light, or even the lowest too heavy, for the policies to differ."""
-    from ..load_check import check
+    from ..experiments.load_check import check
 
     labels = sweep.labels
     common = sorted(set.intersection(*({r for lb, r in sweep.series if lb == label} for label in labels)))
@@ -68,9 +68,9 @@ def format_sweep(doc: dict[str, Any]) -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run every policy at each rate of `--rates` (or find each one's capacity at SLO by bisection)."""
-    from .. import result_files
-    from ..slo import parse_slo
-    from ..sweep import Sweep
+    from ..experiments.slo import parse_slo
+    from ..experiments.sweep import Sweep
+    from ..results import files as result_files
 
     refuse_run_flags(args)
     config, run = resolve_options(args)

@@ -22,10 +22,10 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..async_engine import AsyncEngine, Rejected, RequestStream
-from ..engine import Engine
-from ..request import Request, SamplingParams
-from ..sequence import FinishReason, Sequence
+from ..requests.request import Request, SamplingParams
+from ..requests.sequence import FinishReason, Sequence
+from ..step.async_engine import AsyncEngine, Rejected, RequestStream
+from ..step.engine import Engine
 from . import protocol as p
 from .metrics import ServerMetrics
 from .sse import EventStream, final_texts, hold_for

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..candidates import Candidates
-from ..hookspecs import hookimpl
-from ..sequence import Sequence
+from ..plugins.candidates import Candidates
+from ..plugins.hookspecs import hookimpl
+from ..requests.sequence import Sequence
 
 
 class Backpressure:

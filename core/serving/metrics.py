@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..metrics import DECODE_TOKENS, NUM_SEQS, PREEMPTIONS, PREFILL_TOKENS
+from ..results.metrics import DECODE_TOKENS, NUM_SEQS, PREEMPTIONS, PREFILL_TOKENS
 
 _SHARES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -16,8 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from ..request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
-
+from ..requests.request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
 
 UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions", "response_format")
 """OpenAI fields this server does not implement: a request that asks for one (a value other than

@@ -10,7 +10,7 @@ from typing import Any
 import uvicorn
 
 from ..config import EngineConfig
-from ..engine import Engine
+from ..step.engine import Engine
 from .app import build_app
 from .tenants import ServeConfig
 from .tokens import ContentTokens

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..sequence import FinishReason
+from ..requests.sequence import FinishReason
 from . import protocol as p
 from .streams import Choice, RequestStream, StreamGroup
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ..request import Request
-from ..sequence import FinishReason
+from ..requests.request import Request
+from ..requests.sequence import FinishReason
 
 
 class Rejected(Exception):

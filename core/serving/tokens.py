@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hookspecs import hookimpl
-from ..sequence import Sequence
+from ..plugins.hookspecs import hookimpl
+from ..requests.sequence import Sequence
 
 
 class StandInTokenizer:

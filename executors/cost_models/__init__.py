@@ -22,7 +22,11 @@ from typing import Any
 
 from .base import CostModel, StrictConfig, is_empty
 from .calibrated import (
-    FITTED, STEP_LOG_COLUMNS, CalibratedConfig, CalibratedCostModel, calibrated_cost_model,
+    FITTED,
+    STEP_LOG_COLUMNS,
+    CalibratedConfig,
+    CalibratedCostModel,
+    calibrated_cost_model,
     read_step_log,
 )
 from .hardware import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelShape

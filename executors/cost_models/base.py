@@ -6,7 +6,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from ...core.plan import StepPlan
+from ...core.step.plan import StepPlan
 
 
 class CostModel(Protocol):

@@ -6,7 +6,7 @@ from typing import Any, Union
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ...core.plan import StepPlan
+from ...core.step.plan import StepPlan
 from ..base import count_block_ops
 from .base import StrictConfig, is_empty
 from .hardware import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelShape

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ...core.plan import StepPlan
+from ...core.step.plan import StepPlan
 from .base import StrictConfig, is_empty
 
 

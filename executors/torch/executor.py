@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from ...core.plan import StepPlan, StepResult
+from ...core.step.plan import StepPlan, StepResult
 from ..base import ExecutorStats
 from . import attention, linear, support
 from .kv_cache import PagedKVCache, kv_bytes_per_token
+from .sampling import TorchSampler
 
 CPU_KV_BUDGET = 1 << 30
 """Default KV budget on CPU (bytes): at most this, and at most a quarter of the machine's memory."""
@@ -35,6 +36,8 @@ class TorchExecutor:
     """
 
     name = "torch"
+    sampler_class = TorchSampler
+    """The default `sample` hook's sampler for this executor's logits tensors."""
 
     def __init__(
         self, model: Any, tokenizer: Any = None, *, source: str = "model", kv_memory: int | None = None

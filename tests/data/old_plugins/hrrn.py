@@ -3,9 +3,9 @@ highest. A short request goes first; a long one's ratio grows as it waits."""
 
 import heapq
 
-from metroline.core.candidates import Candidates
-from metroline.core.hookspecs import hookimpl
-from metroline.core.victims import last_admitted_victim
+from metroline.core.plugins.candidates import Candidates
+from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.victims import last_admitted_victim
 
 
 class HRRN:

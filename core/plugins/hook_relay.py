@@ -1,0 +1,190 @@
+"""Calling hooks: the relay the engine calls, and the wrapping of each implementation that names the
+plugin and the hook in an error and records which plugin answered a decision hook."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ..errors import PluginError
+from . import answers, hookspecs
+from .deprecations import Owners
+from .loader import HOOK_NAMES
+
+
+def attributed(
+    fn: Any, plugin: str, hook: str, answerer: dict[str, str], observer_errors: list[PluginError]
+) -> Any:
+    """`fn`, one plugin's implementation of `hook`, wrapped so that an exception it raises becomes
+    a `PluginError` naming the plugin and the hook (kept in `observer_errors` for an observer hook,
+    so the other observers still hear of the event), a decision hook's answer is recorded in
+    `answerer` and checked (`answers.CHECKS`)."""
+    check = answers.CHECKS.get(hook)
+    decision = hook in hookspecs.DECISION_HOOKS
+    deferred = observer_errors if hook in hookspecs.OBSERVER_HOOKS else None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = fn(*args, **kwargs)
+        except PluginError as exc:
+            err = exc
+        except Exception as exc:
+            err = PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+        else:
+            if decision and result is not None:
+                answerer[hook] = plugin
+                if check is not None:
+                    return check(plugin, result)
+            return result
+        if deferred is None:
+            raise err
+        deferred.append(err)  # the other observers still hear of the event; raised after them
+        return None
+
+    return call
+
+
+def attributed_wrapper(fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
+    """A wrapper implementation (`wrapper=True`, or old-style `hookwrapper=True`) wrapped so that an
+    exception it raises names the plugin and the hook, and an answer it gives is checked
+    (`answers.CHECKS`) as the wrapper's own: a new-style wrapper's return value, or the result an
+    old-style one forced (`outcome.force_result`)."""
+    check = answers.CHECKS.get(hook)
+    if not new_style:
+        return _old_style(fn, plugin, hook, check)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = yield from fn(*args, **kwargs)
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(plugin, hook, f"wrapper raised {type(exc).__name__}: {exc}") from exc
+        if check is not None and result is not None:
+            return check(plugin, result)
+        return result
+
+    return call
+
+
+def _old_style(fn: Any, plugin: str, hook: str, check: Any) -> Any:
+    """An old-style `hookwrapper=True` implementation, attributed: it receives pluggy's `Result`
+    at its one `yield`; a result it forced in place of the one below is checked as its own."""
+
+    def named(exc: Exception) -> PluginError:
+        err = PluginError(plugin, hook, f"wrapper raised {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            gen = fn(*args, **kwargs)
+            first = next(gen)
+        except StopIteration:
+            raise PluginError(plugin, hook, "hookwrapper returned without yielding") from None
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise named(exc) from exc
+        outcome = yield first
+        below = outcome.get_result() if outcome.exception is None else None
+        try:
+            gen.send(outcome)
+        except StopIteration:
+            pass
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise named(exc) from exc
+        else:
+            raise PluginError(plugin, hook, "hookwrapper yielded more than once")
+        if check is not None and outcome.exception is None:
+            result = outcome.get_result()
+            if result is not None and result is not below:
+                outcome.force_result(check(plugin, result))
+
+    return call
+
+
+class HookRelay:
+    """The hook relay the engine calls (`plugins.hook.admission(ctx=...)`).
+
+    It calls the implementations as pluggy does (newest first; a decision hook stops at the first
+    answer that is not None), with two differences: an observer hook is delivered to every
+    implementation even when one raises (the first `PluginError` is raised once all have been
+    called, so no other plugin misses the event); and a hook without wrappers calls its
+    implementations directly, without pluggy's per-call machinery (a pluggy call costs about three
+    times a direct one, and a step makes several). A hook with a wrapper, and every hook while a
+    monitor is on (`PluginManager.monitor`), goes through pluggy itself.
+    """
+
+    def __init__(self, relay: Any, errors: list[PluginError], owners: Owners | None = None) -> None:
+        self._relay = relay
+        self._errors = errors
+        self.owners = owners if owners is not None else Owners()
+        """Whose code is whose: which plugin read a deprecated attribute (`core/deprecations.py`)."""
+        self.rebuild(monitored=False)
+
+    def rebuild(self, monitored: bool) -> None:
+        """Set up each hook's caller for the plugins registered now."""
+        for name in HOOK_NAMES:
+            caller = getattr(self._relay, name)
+            impls = caller.get_hookimpls()
+            if monitored or any(i.wrapper or i.hookwrapper for i in impls):
+                call = caller
+            elif name in hookspecs.DECISION_HOOKS:
+                call = first_answer_caller(impls, caller.get_hookimpls)
+            else:
+                call = every_answer_caller(impls, caller.get_hookimpls)
+            setattr(self, name, delivered_caller(call, self._errors) if name in hookspecs.OBSERVER_HOOKS else call)
+
+
+def first_answer_caller(impls: list[Any], get_hookimpls: Any) -> Any:
+    """A firstresult hook's caller: the newest implementation's answer that is not None."""
+    chain = [(i.function, tuple(i.argnames)) for i in reversed(impls)]
+
+    def call(**kwargs: Any) -> Any:
+        for fn, names in chain:
+            answer = fn(*[kwargs[n] for n in names])
+            if answer is not None:
+                return answer
+        return None
+
+    call.get_hookimpls = get_hookimpls
+    return call
+
+
+def every_answer_caller(impls: list[Any], get_hookimpls: Any) -> Any:
+    """An observer hook's caller: every implementation, newest first; their answers that are not
+    None, as pluggy returns them."""
+    chain = [(i.function, tuple(i.argnames)) for i in reversed(impls)]
+
+    def call(**kwargs: Any) -> list[Any]:
+        answers = []
+        for fn, names in chain:
+            answer = fn(*[kwargs[n] for n in names])
+            if answer is not None:
+                answers.append(answer)
+        return answers
+
+    call.get_hookimpls = get_hookimpls
+    return call
+
+
+def delivered_caller(caller: Any, errors: list[PluginError]) -> Any:
+    """An observer hook's caller that raises, after every implementation ran, the first
+    `PluginError` an implementation deferred (see `attributed`)."""
+    def call(**kwargs: Any) -> Any:
+        result = caller(**kwargs)
+        if errors:
+            first = errors[0]
+            errors.clear()
+            raise first
+        return result
+
+    call.get_hookimpls = caller.get_hookimpls  # the engine skips an observer nobody implements
+    return call

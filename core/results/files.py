@@ -1,0 +1,79 @@
+"""The files of a run: the result document as JSON, one CSV row per request record, one CSV row
+per step tuple (with one running-count column per tenant)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from .collector import RequestRecord, StepRow
+
+REQUESTS_CSV_FIELDS = (
+    "id", "tenant", "priority", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+    "prompt_tokens", "cached_prompt_tokens", "output_tokens", "preemptions", "finish_reason",
+)
+"""Columns of `write_requests_csv`, named as the `RequestRecord` fields they hold."""
+
+STEPS_CSV_FIELDS = (
+    "step", "time_s", "running", "waiting", "swapped", "prefill_tokens", "decode_tokens",
+    "free_blocks", "cached_blocks", "preemptions", "duration_s",
+)
+"""Columns of `write_steps_csv`, named as the `StepRow` fields they hold (`prefill_tokens`,
+`decode_tokens` and `duration_s` make it a step log the `calibrated` cost model can fit)."""
+
+
+def _cell(v: Any) -> Any:
+    return "" if v is None else v
+
+
+def _open_for_write(path: str | Path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("w", newline="", encoding="utf-8")
+
+
+def write_requests_csv(path: str | Path, records: Iterable[RequestRecord]) -> None:
+    """One row per request record, columns `REQUESTS_CSV_FIELDS`; None is an empty cell."""
+    with _open_for_write(path) as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(REQUESTS_CSV_FIELDS)
+        for r in records:
+            w.writerow([_cell(getattr(r, name)) for name in REQUESTS_CSV_FIELDS])
+
+
+def running_column(tenant: str) -> str:
+    """The steps CSV's column of `tenant`'s running count: `running[<tenant>]`."""
+    return f"running[{tenant}]"
+
+
+def write_steps_csv(
+    path: str | Path,
+    steps: Iterable[tuple],
+    running_by_tenant: list[dict[str, int]] | None = None,
+    tenants: Iterable[str] = (),
+) -> None:
+    """One row per step tuple of `MetricsCollector.steps`, columns `STEPS_CSV_FIELDS`, then one
+    column per tenant of `tenants` (in the order given), `running[<tenant>]`: how many of its
+    sequences were running in that step, from `MetricsCollector.running_by_tenant` (aligned with
+    `steps`; 0 where the tenant had none). Without `running_by_tenant` there are no tenant columns.
+    """
+    idx = [StepRow._fields.index(name) for name in STEPS_CSV_FIELDS]
+    tenants = list(tenants) if running_by_tenant is not None else []
+    with _open_for_write(path) as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow([*STEPS_CSV_FIELDS, *map(running_column, tenants)])
+        if not tenants:
+            for s in steps:
+                w.writerow([_cell(s[i]) for i in idx])
+            return
+        for s, counts in zip(steps, running_by_tenant, strict=True):
+            w.writerow([*(_cell(s[i]) for i in idx), *(counts.get(t, 0) for t in tenants)])
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    """Write a result document as indented JSON (refusing NaN, which a document never holds)."""
+    with _open_for_write(path) as f:
+        json.dump(doc, f, indent=2, allow_nan=False)
+        f.write("\n")

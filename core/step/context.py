@@ -1,0 +1,114 @@
+"""`StepContext`: what every hook can see of the engine, without being able to change it."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..plugins.deprecations import warn_attribute
+from ..plugins.preemption import is_protected
+
+if TYPE_CHECKING:
+    from ...kv_backends.block_pool import BlockPool
+    from ..config import EngineConfig
+    from ..requests.sequence import Sequence
+
+
+class StepContext:
+    """One long-lived object per engine, updated in place at every step (no per-step allocation).
+
+    Plugin authors read, never write:
+
+    - `now`: the engine clock at the start of the step (virtual seconds in simulation)
+    - `step`: the step number (1 for the first step)
+    - `config`: the `EngineConfig`
+    - `running`, `waiting`, `swapped`: ordered collections of sequences (running in admission
+      order, waiting and swapped in the order they got there); support `len`, `in` and iteration
+    - `num_free_blocks()`: KV blocks allocatable now (free and evictable cached ones)
+    - `block_size`, `num_blocks`
+    - `hook`: the hook relay (`PluginManager.hook`), for a plugin that asks other plugins (e.g.
+      `srpt` calls `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)`)
+    - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
+    - `hooks`: deprecated spelling of `hook` (it warns once per plugin; removed in 0.3.0)
+
+    One thing plugins may set: `wake_at(t)` (see there).
+    """
+
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool")
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool: BlockPool,
+        running: dict[Sequence, None],
+        waiting: dict[Sequence, None],
+        swapped: dict[Sequence, None],
+    ) -> None:
+        self.now = 0.0
+        self.step = 0
+        self.config = config
+        self.running = running.keys()
+        self.waiting = waiting.keys()
+        self.swapped = swapped.keys()
+        self._pool = pool
+        self.hook = None
+        self.wakeup: float | None = None
+
+    @property
+    def hooks(self) -> Any:
+        """Deprecated since 0.2.0, removed in 0.3.0: use `hook` (`ctx.hook`). Reading it gives
+        `hook` and warns once per plugin with a `MetrolineDeprecationWarning`."""
+        warn_attribute("StepContext.hooks", getattr(self.hook, "owners", None), sys._getframe(1))
+        return self.hook
+
+    def wake_at(self, t: float) -> None:
+        """Say that a request this plugin holds back now may be admitted at time `t` (a token
+        bucket that refills, a batching window that closes). When a step schedules nothing, the
+        workload replay (`core.runner.replay`) moves the clock to the earliest such time, or to the
+        next arrival if it comes first: on a simulated clock time does not pass otherwise. (Empty
+        steps still count toward the replay's stall limit while no arrival is pending.) `wakeup`
+        holds the earliest time asked for in this step; the scheduler resets it every step.
+        """
+        if self.wakeup is None or t < self.wakeup:
+            self.wakeup = t
+
+    @property
+    def num_running(self) -> int:
+        """How many sequences run now."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """How many sequences wait now (swapped ones not included)."""
+        return len(self.waiting)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block."""
+        return self._pool.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the pool."""
+        return self._pool.num_blocks
+
+    def num_free_blocks(self) -> int:
+        """KV blocks allocatable now: free ones and evictable cached ones."""
+        return self._pool.num_free_blocks()
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """How many leading tokens of `seq` the prefix cache holds now (a lookup, no side effects:
+        O(prefix blocks); call it for a bounded number of candidates per step)."""
+        return self._pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1).num_tokens
+
+    @staticmethod
+    def is_protected(seq: Sequence) -> bool:
+        """Whether `seq` is protected by the core's no-livelock rule: preempted twice in a row
+        without progress, it is not displaced for a younger request until it computes past the
+        most tokens it ever had computed. A `select_victim` that names a protected victim for a
+        younger requester gets the core's substitute; a policy can avoid that by skipping them."""
+        return is_protected(seq)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return -(-num_tokens // self._pool.block_size)
