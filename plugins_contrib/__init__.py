@@ -16,7 +16,7 @@
   a `split_budget` wrapper, so it stacks on any policy.
   `--policy fcfs --plugin tenant_shares`
 
-Each is registered by name in `metroline.core.plugins.SHIPPED`; options go in the config file's
+Each is registered by name in `metroline.core.plugins.manager.SHIPPED`; options go in the config file's
 `[plugin_options.NAME]` table and are declared by each class's `Options` model (`metroline
 plugins` lists them). See each class's docstring and docs/contrib.md.
 """

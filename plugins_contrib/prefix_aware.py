@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import ArrivalQueue
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import SWAPPED, Sequence
-from ..core.victims import last_admitted_victim
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.lazy_heap import ArrivalQueue
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.plugins.victims import last_admitted_victim
+from ..core.requests.sequence import SWAPPED, Sequence
+from ..core.step.context import StepContext
 
 
 class PrefixAware(ArrivalQueue):

@@ -8,14 +8,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..core.budget import Split
-from ..core.candidates import Candidates, close_candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.lazy_heap import LazyHeap, arrival_key
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.preemption import Preempt
-from ..core.sequence import QUEUED, RUNNING, Sequence
+from ..core.plugins.budget import Split
+from ..core.plugins.candidates import Candidates, close_candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.lazy_heap import LazyHeap, arrival_key
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.plugins.preemption import Preempt
+from ..core.requests.sequence import QUEUED, RUNNING, Sequence
+from ..core.step.context import StepContext
 
 INTERACTIVE = "interactive"
 BATCH = "batch"

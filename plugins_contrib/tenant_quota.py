@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ..core.candidates import Candidates
-from ..core.context import StepContext
-from ..core.hookspecs import hookimpl
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import QUEUED, Sequence
+from ..core.plugins.candidates import Candidates
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import QUEUED, Sequence
+from ..core.step.context import StepContext
 
 _EPS = 1e-9  # tokens: a bucket that refilled to `need` up to rounding holds `need`
 

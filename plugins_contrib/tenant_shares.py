@@ -21,11 +21,11 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from ..core.answers import shares_problem
-from ..core.budget import Split
-from ..core.hookspecs import hookimpl
-from ..core.plugin_options import PluginOptions, take_options
-from ..core.sequence import Sequence
+from ..core.plugins.answers import shares_problem
+from ..core.plugins.budget import Split
+from ..core.plugins.hookspecs import hookimpl
+from ..core.plugins.options import PluginOptions, take_options
+from ..core.requests.sequence import Sequence
 
 
 class TenantShares:
