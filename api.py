@@ -27,6 +27,7 @@ The engine's embedding API (`Engine`, `EngineConfig`, the commands) is not part 
 
 from __future__ import annotations
 
+from .core.cluster.view import Refuse, ReplicaView, RouteRequest
 from .core.errors import NoProgressError, PluginError, PluginLoadError, RequestRefused
 from .core.plugins.budget import Split
 from .core.plugins.candidates import Candidates, close_candidates
@@ -56,6 +57,8 @@ __all__ = [
     "StepPlan",
     # what hooks answer
     "Candidates", "close_candidates", "Split", "Preempt", "is_protected",
+    # what the route hook sees and answers (a cluster's router)
+    "RouteRequest", "ReplicaView", "Refuse",
     # helpers for policies
     "LazyHeap", "ArrivalQueue", "arrival_key", "queued_in_order", "last_admitted", "last_admitted_victim",
     "PromptsInFlight", "missing_blocks",

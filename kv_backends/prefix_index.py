@@ -77,6 +77,32 @@ class PrefixIndex(PoolState):
                     pos += best_len
         return PrefixHit(block_ids, pos)
 
+    def cached_blocks(self, chain: Sequence[tuple[int, tuple]]) -> int:
+        """How many leading full blocks of a prompt the index holds (no side effects), from the
+        prompt's block chain `[(chained hash, tokens), ...]` with no extra key (see
+        `block_chain`): the whole-block part of `lookup`, for callers that ask several pools about
+        one prompt (a cluster's router) and hash it once. Blocks are found by chained hash and
+        linked parent to child; the tokens of the last block found are verified (and, on a
+        mismatch, those of its parents, in turn), which is enough to make a router's estimate; the
+        engine's own `lookup` verifies every block before it shares one."""
+        if not self.enable_prefix_caching:
+            return 0
+        index, keys = self._index, self._keys
+        parent: BlockKey | None = None
+        n = 0
+        for h, tokens in chain:
+            b = index.get(h)
+            if b is None:
+                break
+            key = keys[b]
+            if key.parent is not parent and not same_prefix(key.parent, parent):
+                break
+            parent = key
+            n += 1
+        while parent is not None and (parent.tokens != chain[n - 1][1] or parent.extra_key is not None):
+            parent, n = parent.parent, n - 1  # a hash collision: back to the last block that matches
+        return n
+
     def cache_full_blocks(
         self,
         block_table: list[int],
@@ -178,3 +204,16 @@ class PrefixIndex(PoolState):
         if not children:
             del self._children[child_key]
         self._indexed[b] = False
+
+
+def block_chain(token_ids: Sequence[int], block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
+    """`[(chained hash, tokens), ...]` of the full blocks among the first `max_tokens` of
+    `token_ids`, hashed as the pool hashes them with no extra key (`PrefixIndex.cached_blocks`)."""
+    chain = []
+    parent_hash = None
+    limit = min(len(token_ids), max_tokens)
+    for pos in range(0, limit - block_size + 1, block_size):
+        tokens = tuple(token_ids[pos : pos + block_size])
+        parent_hash = hash((parent_hash, tokens, None))
+        chain.append((parent_hash, tokens))
+    return chain

@@ -175,7 +175,10 @@ def _hook_line(hook: str) -> str:
     fn = getattr(hookspecs, hook)
     opts = getattr(fn, f"{hookspecs.PROJECT}_spec")
     args = ", ".join(inspect.signature(fn).parameters)
-    kind = "decision" if hook in hookspecs.DECISION_HOOKS else "observer" if hook in hookspecs.OBSERVER_HOOKS else "edge"
+    kind = (
+        "decision" if hook in hookspecs.DECISION_HOOKS else "observer" if hook in hookspecs.OBSERVER_HOOKS
+        else "routing" if hook in hookspecs.ROUTING_HOOKS else "edge"
+    )
     flags = [f for f in ("firstresult", "historic") if opts.get(f)]
     return f"hookspecs.{hook}: hook ({args}) {kind}{''.join(' ' + f for f in flags)}"
 

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from ..cluster.view import Refuse, ReplicaView, RouteRequest
     from ..requests.sequence import Sequence
     from ..step.context import StepContext
     from ..step.plan import StepPlan
@@ -213,6 +214,37 @@ def check_request(ctx: StepContext, seq: Sequence) -> str | None:
     """
 
 
+# --- the cluster: once per request, before any replica sees it ---------------------------------
+
+
+@hookspec(firstresult=True)
+def route(request: RouteRequest, replicas: tuple[ReplicaView, ...]) -> int | str | Refuse | None:
+    """Which replica of a cluster serves `request` (`core/cluster/`).
+
+    Args:
+        request: the arriving request (`RouteRequest`: `request_id`, `arrival_s`,
+            `prompt_token_ids`, `prompt_len`, `max_new_tokens`, `tenant`, `priority`).
+        replicas: a read-only view of every replica, in index order (`ReplicaView`): `index`,
+            `name`, `pool`, `policy`, `num_waiting`, `num_running`, `kv_used_blocks`,
+            `kv_free_blocks`, `outstanding_requests`, `outstanding_tokens` (prompt plus
+            `max_new_tokens` of the requests routed there that have not ended) and
+            `prefix_hit(request)`, the prompt tokens its prefix cache would serve (computed when
+            asked). The views read the replicas' live state: keep none across calls.
+
+    Returns:
+        A replica index (an int in `[0, len(replicas))`), a replica name, or `Refuse(reason)`: the
+        request is refused (`rejected` in a replay, with the reason prefixed by the plugin's name).
+        Anything else (an index out of range, an unknown name, a bool, a float) is a `PluginError`
+        naming the plugin and the hook `route`, as is an exception the plugin raises.
+
+    Called by the cluster, once per request, at its arrival (on the cluster's virtual clock in
+    simulation), before any replica sees it; never inside a step. Its plugins are the cluster's
+    router (`--router NAME`), not a replica's policy stack. The shipped routers
+    (`core/plugins/loader.py`, `ROUTERS`): `round_robin` (the default), `least_outstanding_tokens`,
+    `power_of_two`, `prefix_aware` and `length_pools`.
+    """
+
+
 # --- observers: state for policies; return values are ignored -----------------------------------
 
 
@@ -282,6 +314,8 @@ def on_step_end(ctx: StepContext, plan: StepPlan) -> None:
 DECISION_HOOKS = ("admission", "select_victim", "split_budget", "order_running", "sample", "estimate_output_tokens")
 OBSERVER_HOOKS = ("on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end")
 EDGE_HOOKS = ("check_request",)
+ROUTING_HOOKS = ("route",)
+"""Hooks of a cluster's router, called outside any engine (`core/cluster/`)."""
 
 
 def _step_protocol(doc: str) -> tuple[tuple[tuple[str, ...], str], ...]:

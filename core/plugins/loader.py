@@ -56,6 +56,15 @@ SHIPPED: dict[str, str] = {
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 
+ROUTERS: dict[str, str] = {
+    "round_robin": "metroline.policies.routing.round_robin:RoundRobin",
+    "least_outstanding_tokens": "metroline.policies.routing.least_outstanding:LeastOutstandingTokens",
+    "power_of_two": "metroline.policies.routing.power_of_two:PowerOfTwo",
+    "prefix_aware": "metroline.policies.routing.prefix_aware:PrefixAwareRouter",
+    "length_pools": "metroline.policies.routing.length_pools:LengthPools",
+}
+"""Shipped routers by name (`--router NAME`): plugins of the `route` hook, for a cluster."""
+
 
 def resolve(spec: str) -> Any:
     """The object a plugin spec names (see the module docstring)."""

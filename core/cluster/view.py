@@ -1,0 +1,155 @@
+"""What the `route` hook sees and answers: the arriving request, a read-only view of each replica,
+and the refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...kv_backends.prefix_index import block_chain
+
+
+class RouteRequest:
+    """The request being routed (read-only by convention; built once per request)."""
+
+    __slots__ = (
+        "_chain", "arrival_s", "max_new_tokens", "priority", "prompt_len", "prompt_token_ids", "request_id", "tenant",
+    )
+
+    def __init__(
+        self, request_id: str, arrival_s: float, prompt_token_ids: Any, max_new_tokens: int,
+        tenant: str = "default", priority: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_token_ids = prompt_token_ids
+        self.prompt_len = len(prompt_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.tenant = tenant
+        self.priority = priority
+        self._chain: tuple[int, list] | None = None
+
+    def block_chain(self, block_size: int) -> list[tuple[int, tuple]]:
+        """The prompt's full blocks as `(chained hash, tokens)`, computed once (for the prefix
+        lookups of `ReplicaView.prefix_hit`); the last prompt token is never counted."""
+        chain = self._chain
+        if chain is None or chain[0] != block_size:
+            chain = self._chain = (block_size, block_chain(self.prompt_token_ids, block_size, self.prompt_len - 1))
+        return chain[1]
+
+    def __repr__(self) -> str:
+        return f"RouteRequest({self.request_id!r}, prompt_len={self.prompt_len}, arrival_s={self.arrival_s})"
+
+
+class Refuse:
+    """The answer of a router that refuses a request: `reason` says why (one line)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Refuse({self.reason!r})"
+
+
+class ReplicaView:
+    """One replica as the router sees it: its live state, read when an attribute is read.
+
+    `index`, `name`, `pool` and `policy` are fixed; `num_waiting`, `num_running` (sequences),
+    `kv_used_blocks`, `kv_free_blocks`, `outstanding_requests` and `outstanding_tokens` (prompt
+    plus `max_new_tokens` of the requests routed there that have not ended) are read from the
+    replica; `prefix_hit(request)` is how many of the request's prompt tokens the replica's prefix
+    cache holds now, in whole blocks (without a cache salt; computed only when asked: one dict
+    probe per block, the prompt hashed once per request). `ReplicaView.of(...)` builds one for a
+    test or a bench from plain numbers."""
+
+    __slots__ = ("_engine", "_outstanding", "index", "name", "policy", "pool")
+
+    def __init__(self, index: int, name: str, pool: str, policy: str, engine: Any, outstanding: Any) -> None:
+        self.index = index
+        self.name = name
+        self.pool = pool
+        self.policy = policy
+        self._engine = engine
+        self._outstanding = outstanding  # request_id -> tokens, kept by the cluster
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._engine.scheduler.waiting) + len(self._engine.scheduler.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._engine.scheduler.running)
+
+    @property
+    def kv_used_blocks(self) -> int:
+        return self._engine.pool.num_used_blocks()
+
+    @property
+    def kv_free_blocks(self) -> int:
+        return self._engine.pool.num_free_blocks()
+
+    @property
+    def outstanding_requests(self) -> int:
+        return len(self._outstanding)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self._outstanding.total
+
+    def prefix_hit(self, request: RouteRequest) -> int:
+        pool = self._engine.pool
+        return pool.cached_blocks(request.block_chain(pool.block_size)) * pool.block_size
+
+    @staticmethod
+    def of(index: int, *, name: str | None = None, pool: str = "default", policy: str = "fcfs",
+           waiting: int = 0, running: int = 0, kv_used: int = 0, kv_free: int = 0,
+           outstanding: dict[str, int] | None = None, prefix_hit: int = 0) -> ReplicaView:
+        """A view of a replica that is not there: fixed numbers (tests, benches, notebooks)."""
+        return _FixedView(index, name or f"r{index}", pool, policy, waiting, running, kv_used, kv_free,
+                          Outstanding(outstanding or {}), prefix_hit)
+
+
+class Outstanding(dict):
+    """request_id -> tokens (prompt + max_new_tokens) of the requests routed to a replica that have
+    not ended, with their running `total`."""
+
+    __slots__ = ("total",)
+
+    def __init__(self, items: dict[str, int] | None = None) -> None:
+        super().__init__(items or {})
+        self.total = sum(self.values())
+
+    def add(self, request_id: str, tokens: int) -> None:
+        self[request_id] = tokens
+        self.total += tokens
+
+    def end(self, request_id: str) -> None:
+        self.total -= self.pop(request_id, 0)
+
+
+class _FixedView(ReplicaView):
+    __slots__ = ("_fixed",)
+
+    def __init__(self, index, name, pool, policy, waiting, running, kv_used, kv_free, outstanding, hit) -> None:
+        super().__init__(index, name, pool, policy, None, outstanding)
+        self._fixed = (waiting, running, kv_used, kv_free, hit)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._fixed[0]
+
+    @property
+    def num_running(self) -> int:
+        return self._fixed[1]
+
+    @property
+    def kv_used_blocks(self) -> int:
+        return self._fixed[2]
+
+    @property
+    def kv_free_blocks(self) -> int:
+        return self._fixed[3]
+
+    def prefix_hit(self, request: RouteRequest) -> int:
+        return min(self._fixed[4], request.prompt_len)

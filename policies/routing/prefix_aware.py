@@ -1,0 +1,37 @@
+"""`prefix_aware`: cache-aware routing with a load bound, as SGLang's router: the replica whose
+prefix cache holds the longest prefix of the prompt, unless its load exceeds the least loaded
+replica's by more than `load_bound`; then (and when no replica has a hit) the least loaded one.
+
+Load is a replica's outstanding requests (routed there, not ended). Ties: the lower load, then the
+lower index."""
+
+from __future__ import annotations
+
+from ...core.plugins.hookspecs import hookimpl
+
+
+class PrefixAwareRouter:
+    """Options: `load_bound` (default 8): how many more outstanding requests than the least loaded
+    replica the replica with the longest hit may have and still get the request."""
+
+    name = "prefix_aware"
+
+    def __init__(self, load_bound: int = 8) -> None:
+        if load_bound < 0:
+            raise ValueError("load_bound must be >= 0")
+        self.load_bound = load_bound
+
+    @hookimpl
+    def route(self, request, replicas):
+        loads = [r.outstanding_requests for r in replicas]
+        least = min(range(len(replicas)), key=loads.__getitem__)
+        bound = loads[least] + self.load_bound
+        best, best_hit = least, 0
+        for r in replicas:
+            i = r.index
+            if loads[i] > bound:
+                continue
+            hit = r.prefix_hit(request)
+            if hit > best_hit or (hit == best_hit and hit and loads[i] < loads[best]):
+                best, best_hit = i, hit
+        return best
