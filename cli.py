@@ -20,6 +20,7 @@ from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugi
 from .core.commands.compare import POLICIES, cmd_compare
 from .core.commands.flags import (
     calibrate_flags,
+    cluster_flags,
     engine_flags,
     generate_flags,
     ray_flag,
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     engine_flags(run)
     run_flags(run)
+    cluster_flags(run)
     run.add_argument("--outputs", metavar="PATH", help="write one JSON line per finished sequence: id, "
                      "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason (default: none)")
     compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import pluggy
@@ -17,7 +18,19 @@ DEFAULT_ROUTER = "round_robin"
 def load_router(spec: str, options: dict[str, Any] | None = None) -> tuple[str, Any]:
     """(name, plugin) of a router spec: a shipped router's name (`ROUTERS`), or any plugin spec
     (an entry point, a dotted path) whose plugin implements `route`."""
-    target = import_dotted(ROUTERS[spec], f"router {spec!r}") if spec in ROUTERS else resolve(spec)
+    if spec in ROUTERS:
+        target = import_dotted(ROUTERS[spec], f"router {spec!r}")
+    else:
+        try:
+            target = resolve(spec)
+        except PluginLoadError as exc:
+            if "unknown plugin" not in str(exc):
+                raise
+            close = difflib.get_close_matches(spec, sorted(ROUTERS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PluginLoadError(
+                f"unknown router {spec!r}{hint} (shipped: {', '.join(ROUTERS)}; or an entry point or pkg.mod:Obj)"
+            ) from None
     name, plugin = instantiate(spec, target, dict(options or {}))
     if not callable(getattr(plugin, "route", None)):
         raise PluginLoadError(f"router {spec!r}: plugin {name!r} does not implement the hook 'route'")

@@ -161,6 +161,20 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    "into DIR (needs matplotlib: the report extra; default: none)")
 
 
+def cluster_flags(p: argparse.ArgumentParser) -> None:
+    """The simulated cluster's flags of `run` (`core/cluster/`)."""
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="simulate N engines behind a router on one virtual clock (default: one engine, no router)")
+    p.add_argument("--pools", metavar="POOL=N,...",
+                   help="replicas by pool instead of --replicas, e.g. short=3,long=1 (default: one pool)")
+    p.add_argument("--router", metavar="NAME",
+                   help="the route plugin: round_robin, least_outstanding_tokens, power_of_two, prefix_aware, "
+                   "length_pools, an entry point or pkg.mod:Obj (default round_robin)")
+    p.add_argument("--router-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="an option of the router (repeatable; an int or float when it parses as one), e.g. "
+                   "threshold=2048 (default: none)")
+
+
 def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
     """`--slo`: latency bounds for SLO attainment and goodput (`core/slo.py`)."""
     p.add_argument("--slo", required=required, metavar="METRIC=S,...",

@@ -23,6 +23,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
+    if getattr(args, "replicas", None) or getattr(args, "pools", None) or getattr(args, "router", None):
+        from .cluster_run import run_cluster_command
+
+        return run_cluster_command(args, config, run, workload, executor, manifest)
     writer = None
     if args.outputs:
         from ..workloads.text_requests import OutputsWriter
