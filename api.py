@@ -40,7 +40,7 @@ from .core.plugins.options import PluginOptions, PluginOptionsError, options_mod
 from .core.plugins.preemption import Preempt, is_protected
 from .core.plugins.queue_order import queued_in_order
 from .core.plugins.victims import last_admitted, last_admitted_victim
-from .core.requests.request import Request, SamplingParams
+from .core.requests.request import Request, SamplingParams, StructuredOutput
 from .core.requests.sequence import FINISHED, QUEUED, RUNNING, SWAPPED, WAITING, FinishReason, SeqState, Sequence
 from .core.step.context import StepContext
 from .core.step.plan import StepPlan
@@ -63,7 +63,7 @@ __all__ = [
     "LazyHeap", "ArrivalQueue", "arrival_key", "queued_in_order", "last_admitted", "last_admitted_victim",
     "PromptsInFlight", "missing_blocks",
     # requests
-    "Request", "SamplingParams",
+    "Request", "SamplingParams", "StructuredOutput",
     # workloads for trying a plugin
     "SyntheticSpec", "TenantSpec", "FixedLength", "UniformLength", "LognormalLength", "load_spec", "generate",
     "Workload", "WorkloadItem",

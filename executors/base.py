@@ -31,7 +31,7 @@ class Executor(Protocol):
 
     A real model adds (the engine uses each when present, see `RealExecutor`): `bind(config)`,
     `close()`, `eos_token_id`, `vocab_size`, `max_model_len`, `tokenizer`, `sampler_class`,
-    `kv_bytes_per_token` and `suggest_num_blocks(block_size)`.
+    `plugins()`, `kv_bytes_per_token` and `suggest_num_blocks(block_size)`.
     """
 
     name: str
@@ -60,6 +60,9 @@ class RealExecutor(Executor, Protocol):
       subclass of `metroline.core.requests.sampling.Sampler`; the torch executor's `TorchSampler`
       samples logits tensors). Without one, rows of floats are sampled by `Sampler`, and tensors,
       with a deprecation warning, by `TorchSampler`.
+    - `plugins()` (optional): plugin objects the executor brings, which the engine stacks below
+      the ones it is given (the torch executor's `structured_output`, which holds requests'
+      outputs to a JSON schema on its logits).
     - `kv_bytes_per_token`: 2 x layers x KV heads x head dim x dtype size;
       `suggest_num_blocks(block_size)`: the blocks the executor's memory budget holds.
     """

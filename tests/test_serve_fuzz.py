@@ -59,6 +59,12 @@ FIELDS = {
     "priority": SMALL_INT | JUNK,
     "deadline_s": st.floats(-1, 100) | JUNK,
     "expected_output_tokens": SMALL_INT | JUNK,
+    "response_format": st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"]) | JUNK},
+        optional={"json_schema": st.fixed_dictionaries(
+            {"name": st.sampled_from(["a", "no spaces"]) | JUNK},
+            optional={"schema": st.sampled_from([{"type": "object"}, {"type": "foo"}, {"enum": ["yes", "no"]}]) | JUNK,
+                      "strict": st.booleans() | JUNK}) | JUNK}) | JUNK,
 }
 BASE = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
         "/v1/completions": {"prompt": "hi", "max_tokens": 3}}

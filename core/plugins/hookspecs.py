@@ -173,13 +173,21 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: in
             `StepPlan.sample_seqs`, then the samples forked in the step (each with a copy of its
             parent's row); `seq.token_ids` holds prompt and output so far.
         logits: one row per sequence: a torch tensor `[len(seqs), vocab_size]` with a real
-            executor (raw model output; do not modify it in place), None in simulation.
+            executor (raw model output), None in simulation. Do not modify it in place, with one
+            exception: a wrapper may mask rows before it yields (set the logits of tokens a
+            sequence may not take to -inf), so that the implementations below sample from the
+            masked rows; the logprobs the engine records afterwards are then those of the masked
+            rows. That is how a structured output's grammar constrains its sequence
+            (`plugins_contrib/structured_output.py`).
         eos_token_id: the model's end-of-sequence token (None when unknown).
 
     Returns:
         One int token id in `[0, vocab_size)` per sequence; another length is invalid. The
-        default (`core/sampling.py`) applies each sequence's `SamplingParams`; a wrapper may
-        adjust its tokens. The engine then checks the stop conditions.
+        default (`core/requests/sampling.py`) applies each sequence's `SamplingParams`; a wrapper
+        may adjust its tokens. The engine then checks the stop conditions. A sequence that cannot
+        go on (its grammar reached an error state) is ended by `ctx.fail(seq, reason)` during the
+        call: its token is dropped and it ends as failed, while an exception fails every
+        sequence of the step.
 
     Called once per step that has sequences to sample, after the executor ran.
     """

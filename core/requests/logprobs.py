@@ -1,8 +1,9 @@
 """Log-probabilities of sampled tokens, for requests that ask for them (`SamplingParams.logprobs`).
 
 Computed after sampling from the raw logits the executor returned (before temperature, penalties
-and filters: what vLLM returns by default), only for the rows whose sequence asked, so a batch
-without such requests pays one list scan. Torch is imported only when there is a logits tensor.
+and filters: what vLLM returns by default; a structured output's rows after its grammar's mask, as
+vLLM's), only for the rows whose sequence asked, so a batch without such requests pays one list
+scan. Torch is imported only when there is a logits tensor.
 """
 
 from __future__ import annotations

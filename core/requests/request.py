@@ -7,7 +7,8 @@ touches these models again.
 from __future__ import annotations
 
 import itertools
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -20,6 +21,58 @@ def _next_id() -> str:
 
 GREEDY_TEMPERATURE = 1e-5
 """Below this temperature sampling is greedy (vLLM's threshold)."""
+
+STRUCTURED_OUTPUT_PLUGIN = "structured_output"
+"""The name of the plugin that enforces `SamplingParams.structured_output` (the torch executor
+brings one, `metroline.plugins_contrib.structured_output`); without a plugin of that name loaded,
+an engine refuses structured requests."""
+
+
+class StructuredOutput(BaseModel):
+    """What a request's output must be, enforced by a grammar on the model's logits (vLLM's
+    `structured_outputs`; the server fills it from OpenAI's `response_format`). Exactly one of:
+
+    - `json_schema`: a JSON Schema (a dict, or its JSON text; kept as text) the output validates
+      against: `{"type": "object", "properties": {...}, "required": [...]}`;
+    - `json_object`: True for any JSON object.
+
+    Whether a schema compiles is checked when the request is submitted, by the plugin that enforces
+    it (`STRUCTURED_OUTPUT_PLUGIN`): one it cannot compile refuses the request.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    json_schema: str | None = None
+    json_object: Annotated[bool, Field(strict=True)] = False
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema_text(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            try:
+                return json.dumps(v, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"is not JSON: {exc}") from None
+        if isinstance(v, str):
+            try:
+                parsed = json.loads(v)
+            except ValueError as exc:
+                raise ValueError(f"is not JSON: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"must be a JSON object (a schema), got {type(parsed).__name__}")
+        elif v is not None:
+            raise ValueError(f"must be a JSON schema (an object), got {type(v).__name__}")
+        return v
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutput:
+        if (self.json_schema is not None) == self.json_object:
+            raise ValueError("give exactly one of json_schema and json_object")
+        return self
+
+    def schema_dict(self) -> dict[str, Any]:
+        """The schema the output validates against (`{"type": "object"}` for `json_object`)."""
+        return json.loads(self.json_schema) if self.json_schema is not None else {"type": "object"}
 
 
 class SamplingParams(BaseModel):
@@ -43,6 +96,11 @@ class SamplingParams(BaseModel):
       most likely tokens with theirs, from the model's raw logits (before temperature, penalties
       and filters, as vLLM's default): `Sequence.logprobs`. It needs an executor that produces
       logits (a real model); the simulated one records nothing.
+    - `structured_output` (`StructuredOutput`: a JSON schema, or any JSON object) holds the output
+      to a grammar: at every token only what the grammar allows may be sampled, and EOS only where
+      it is complete. It needs a plugin that enforces it on a model's logits (the torch executor
+      brings one); an engine without one refuses the request. Not with `ignore_eos` (the output
+      ends where the grammar does).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,6 +121,7 @@ class SamplingParams(BaseModel):
     min_tokens: Annotated[int, Field(ge=0, strict=True)] = 0
     n: Annotated[int, Field(ge=1, strict=True)] = 1
     logprobs: Annotated[int | None, Field(ge=0, le=20, strict=True)] = None
+    structured_output: StructuredOutput | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -75,6 +134,8 @@ class SamplingParams(BaseModel):
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be <= max_new_tokens ({self.max_new_tokens})"
             )
+        if self.structured_output is not None and self.ignore_eos:
+            raise ValueError("ignore_eos: a structured output ends where its grammar does, with EOS")
         return self
 
     @property
@@ -134,7 +195,8 @@ class Request(BaseModel):
 
 def engine_limit_problem(request: Request, context: dict | None) -> str | None:
     """What makes `request` unfit for an engine whose limits are in `context` (`max_model_len`,
-    `max_kv_tokens`, `max_num_seqs`, `vocab_size`, `tokenizer`: whether there is one), or None."""
+    `max_kv_tokens`, `max_num_seqs`, `vocab_size`, `tokenizer`: whether there is one,
+    `structured_output`: whether a plugin enforces structured outputs), or None."""
     if not context:
         return None
     prompt = request.prompt_token_ids
@@ -143,6 +205,9 @@ def engine_limit_problem(request: Request, context: dict | None) -> str | None:
         return problem
     if request.sampling.stop and context.get("tokenizer") is False:
         return "sampling.stop: stop strings need a tokenizer and this engine's executor has none"
+    if request.sampling.structured_output is not None and context.get("structured_output") is False:
+        return (f"sampling.structured_output: no plugin enforces it here (a {STRUCTURED_OUTPUT_PLUGIN!r} plugin on "
+                "a model's logits; the torch executor brings one, the simulated executor has no logits)")
     vocab = context.get("vocab_size")
     if vocab is not None and max(prompt) >= vocab:
         return f"prompt_token_ids: token id {max(prompt)} is not below vocab_size={vocab}"

@@ -22,7 +22,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..requests.request import Request, SamplingParams
+from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, SamplingParams
 from ..requests.sequence import FinishReason, Sequence
 from ..step.async_engine import AsyncEngine, Rejected, RequestStream
 from ..step.engine import Engine
@@ -56,6 +56,10 @@ def _param_of(exc: ValidationError, chat: bool) -> str:
     msg = p.describe(exc)
     if "sampling.n " in msg:
         return "n"
+    if "sampling.structured_output" in msg:
+        return "response_format"
+    if msg.startswith("ignore_eos: "):
+        return "ignore_eos"
     if "max_new_tokens" in msg and "max_model_len" not in msg:
         return "max_tokens"
     return "messages" if chat else "prompt"
@@ -118,6 +122,9 @@ class Server:
         if body.logprobs_k is not None and getattr(self.engine.executor, "name", "") == "sim":
             raise self._refuse(tenant, "invalid", 400, "logprobs need a model's logits: the simulated executor "
                                "has none", "invalid_request_error", "logprobs")
+        if body.structured is not None and getattr(self.engine.executor, "name", "") == "sim":
+            raise self._refuse(tenant, "invalid", 400, "response_format: a structured output needs a model's "
+                               "logits: the simulated executor has none", "invalid_request_error", "response_format")
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise self._refuse(tenant, "priority", 429, problem, "rate_limit_error", "priority")
@@ -127,6 +134,8 @@ class Server:
             prompts = [self.tokenizer.encode(x) if isinstance(x, str) else list(x) for x in p.prompts_of(body.prompt)]
         requests = [self._request(body, prompt, tenant, priority, chat, i if len(prompts) > 1 else None)
                     for i, prompt in enumerate(prompts)]
+        if body.structured is not None:
+            await self._check_grammar(tenant, body.structured, requests[0])
         if self._checks:
             # a plugin's verdict that it could never run (a tenant cap below its needs): 400 now
             # rather than a failure once queued (Engine.add_request asks the same question)
@@ -152,6 +161,21 @@ class Server:
             raise self._refuse(tenant, exc.reason, exc.status, str(exc), type_, retry_after=exc.retry_after)
         return body, requests[0], streams[0] if group is None else StreamGroup(streams)
 
+    async def _check_grammar(self, tenant: str, rf: p.ResponseFormat, request: Request) -> None:
+        """Refuse (400 naming the field) a `response_format` whose grammar the plugin that enforces
+        it cannot compile; compiled off the event loop (once per schema: the plugin caches it)."""
+        checker = self.engine.plugins.get(STRUCTURED_OUTPUT_PLUGIN)
+        if not hasattr(checker, "problem"):
+            return  # the engine's own check_request (or validation) answers for it
+        unavailable = await asyncio.to_thread(checker.unavailable) if hasattr(checker, "unavailable") else None
+        if unavailable is not None:
+            raise self._refuse(tenant, "invalid", 400, f"response_format: {unavailable}", "invalid_request_error",
+                               "response_format")
+        reason = await asyncio.to_thread(checker.problem, request.sampling.structured_output)
+        if reason is not None:
+            raise self._refuse(tenant, "invalid", 400, f"{rf.schema_param}: {reason}", "invalid_request_error",
+                               rf.schema_param)
+
     def _request(self, body: Any, prompt: list[int], tenant: str, priority: int, chat: bool,
                  index: int | None) -> Request:
         """The validated engine request of one prompt (`index`: its place in a list of prompts)."""
@@ -172,6 +196,7 @@ class Server:
                     presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty, seed=body.seed,
                     logprobs=body.logprobs_k, stop_token_ids=tuple(body.stop_token_ids), ignore_eos=body.ignore_eos,
                     stop=() if body.stop is None else body.stop, n=body.n,
+                    structured_output=None if body.structured is None else body.structured.structured_output(),
                 ),
             ))
         except ValidationError as exc:

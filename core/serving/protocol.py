@@ -16,12 +16,55 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from ..requests.request import METADATA_MAX_KEYS, MetadataKey, MetadataValue
+from ..requests.request import METADATA_MAX_KEYS, MetadataKey, MetadataValue, StructuredOutput
 
-UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions", "response_format")
+UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions")
 """OpenAI fields this server does not implement: a request that asks for one (a value other than
-null, false, 0, empty or, for `response_format`, `{"type": "text"}`) answers 400 naming it rather
-than a reply that silently lacks it."""
+null, false, 0 or empty) answers 400 naming it rather than a reply that silently lacks it."""
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: `name` (1 to 64 of a-z, A-Z, 0-9, _ and -, as
+    OpenAI's), `description`, `schema` (the JSON Schema the output validates against) and
+    `strict` (accepted; the output follows the schema whatever its value)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: `{"type": "text"}` (the default: no constraint),
+    `{"type": "json_object"}` (any JSON object) or `{"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}, "strict": ...}}`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(default=None, validate_default=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_given(cls, value: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
+        if value is None and info.data.get("type") == "json_schema":
+            raise ValueError("required when type is 'json_schema'")
+        return value
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The engine's `StructuredOutput` for this format (None for text)."""
+        if self.type == "json_object":
+            return StructuredOutput(json_object=True)
+        if self.type == "json_schema" and self.json_schema is not None:
+            return StructuredOutput(json_schema=self.json_schema.schema_)
+        return None
+
+    @property
+    def schema_param(self) -> str:
+        """The body field a problem with the grammar is about."""
+        return "response_format.json_schema.schema" if self.type == "json_schema" else "response_format"
 
 
 class _Body(BaseModel):
@@ -58,12 +101,12 @@ class _Body(BaseModel):
     best_of: Any = None
     tools: Any = None
     functions: Any = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
 
     @field_validator(*UNSUPPORTED)
     @classmethod
     def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        if value in (None, False, 0, "", [], {}) or (info.field_name == "response_format" and value == {"type": "text"}):
+        if value in (None, False, 0, "", [], {}):
             return value
         if info.field_name == "best_of" and value == info.data.get("n"):
             return value
@@ -72,6 +115,12 @@ class _Body(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+    @property
+    def structured(self) -> ResponseFormat | None:
+        """`response_format` when it constrains the output (json_object, json_schema), else None."""
+        rf = self.response_format
+        return rf if rf is not None and rf.type != "text" else None
 
 
 class ChatMessage(BaseModel):

@@ -31,10 +31,10 @@ class StepContext:
     - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
     - `hooks`: deprecated spelling of `hook` (it warns once per plugin; removed in 0.3.0)
 
-    One thing plugins may set: `wake_at(t)` (see there).
+    What plugins may ask of it: `wake_at(t)`, and from `sample`, `fail(seq, error)` (see each).
     """
 
-    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool")
+    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool", "_failures")
 
     def __init__(
         self,
@@ -53,6 +53,8 @@ class StepContext:
         self._pool = pool
         self.hook = None
         self.wakeup: float | None = None
+        self._failures: list[tuple[Sequence, str]] | None = None
+        """The sequences `fail` was asked to end in the `sample` call under way (None outside it)."""
 
     @property
     def hooks(self) -> Any:
@@ -71,6 +73,18 @@ class StepContext:
         """
         if self.wakeup is None or t < self.wakeup:
             self.wakeup = t
+
+    def fail(self, seq: Sequence, error: str) -> None:
+        """From a `sample` implementation: end `seq`, one of the sequences being sampled, as failed
+        with `error` (a one-line reason, which the request's outcome and the server's error show),
+        because it cannot go on (its structured output's grammar reached an error state). The
+        engine drops the token the hook gives it, ends it (`FinishReason.FAILED`, `seq.error`) and
+        frees its blocks at the step's reap; the other sequences of the step go on, where raising
+        an exception would fail every one. Called outside `sample`, it raises `RuntimeError`."""
+        if self._failures is None:
+            raise RuntimeError("StepContext.fail is for sample implementations, during the sample hook")
+        if not any(s is seq for s, _ in self._failures):
+            self._failures.append((seq, error))
 
     @property
     def num_running(self) -> int:

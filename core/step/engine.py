@@ -12,7 +12,7 @@ from ..plugins.answers import tokens_problem
 from ..plugins.manager import PluginManager
 from ..requests.detokenizer import Detokenizer
 from ..requests.logprobs import record_logprobs
-from ..requests.request import Request
+from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request
 from ..requests.sequence import SWAPPED, FinishReason, Sequence
 from ..results.metrics import MetricsCollector
 from . import recovery
@@ -40,6 +40,8 @@ class Engine(Intake):
     `metroline.executors`, or `pkg.mod:factory`) built with its defaults; None is `"sim"`. An
     executor with a `bind(config)` method is bound to this engine's pool geometry here.
     `plugins`: plugin objects stacked on top of those the config names (they take precedence).
+    An executor with a `plugins()` method brings plugins of its own (the torch executor's
+    structured outputs), stacked below `plugins`; one whose name is already given is left out.
     `eos_token_id`: the model's EOS token (default: the executor's; None: no EOS, as in simulation).
     An executor with a `tokenizer` attribute gets its outputs detokenised as they grow
     (`out.text`, `seq.text`) and its requests' `stop` strings applied; without one, a request
@@ -75,6 +77,10 @@ class Engine(Intake):
         tokenizer = getattr(executor, "tokenizer", None)
         self.detokenizer = Detokenizer(tokenizer) if tokenizer is not None else None
         extra = list(plugins)
+        brought = getattr(executor, "plugins", None)  # the executor's own (structured outputs)
+        if brought is not None:
+            given = {getattr(p, "name", None) for p in extra} | set(config.plugins) | {config.policy}
+            extra[:0] = [p for p in brought() if getattr(p, "name", None) not in given]
         if config.debug:
             from .lifecycle_log import LifecycleLog
 
@@ -96,6 +102,8 @@ class Engine(Intake):
         self.last_step_progressed = False
         """Whether the last step computed a token past a request's high-water mark (`max_computed`)."""
         self._validation_context = validation_context(config, executor, tokenizer is not None)
+        self._validation_context["structured_output"] = self.plugins.get(STRUCTURED_OUTPUT_PLUGIN) is not None
+        self._failures: list[tuple[Sequence, str]] = []  # `ctx.fail` during the step's sample hook
         vocab = self._validation_context.get("vocab_size")
         self._vocab_size = vocab if isinstance(vocab, int) else None
 
@@ -226,14 +234,34 @@ class Engine(Intake):
         if not seqs:
             return
         hook, ctx = self.plugins.hook, self.scheduler.ctx
-        tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
+        ctx._failures = failures = self._failures  # what `ctx.fail` asks for during the hook
+        try:
+            tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
+        finally:
+            ctx._failures = None
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
         if problem is not None:
+            failures.clear()
             raise self.plugins.invalid("sample", problem)
         record_logprobs(seqs, logits, tokens)
+        if failures:
+            seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self._appender.append(seqs, tokens, now, outputs)
         if hook.on_tokens.get_hookimpls():
             hook.on_tokens(ctx=ctx, seqs=seqs)
+
+    def _fail_sampled(
+        self, seqs: list[Sequence], tokens: list[int], now: float, outputs: list[RequestOutput] | None
+    ) -> tuple[list[Sequence], list[int]]:
+        """End the sequences a `sample` implementation failed (`ctx.fail`) without their tokens;
+        returns the others and their tokens. Their blocks are freed at the step's reap."""
+        failed = {seq: error for seq, error in self._failures if any(s is seq for s in seqs)}
+        self._failures.clear()
+        for seq, error in failed.items():
+            self.scheduler.finish(seq, FinishReason.FAILED, now, error)
+        self._output_ended(list(failed), outputs)
+        kept = [i for i, seq in enumerate(seqs) if seq not in failed]
+        return [seqs[i] for i in kept], [tokens[i] for i in kept]
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool

@@ -192,6 +192,14 @@ class TorchExecutor:
             )
         return out.logits[0].float()
 
+    def plugins(self) -> list[Any]:
+        """The plugins this executor brings (`Engine` stacks them): structured outputs on its
+        logits (`plugins_contrib/structured_output.py`), built with its tokenizer, vocabulary and
+        EOS token; llguidance is imported only when a request asks for one."""
+        from ...plugins_contrib.structured_output import StructuredOutputSampler
+
+        return [StructuredOutputSampler(self.tokenizer, self.vocab_size, self.eos_token_id)]
+
     def describe(self) -> dict:
         return {
             "name": self.name,
