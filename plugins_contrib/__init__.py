@@ -15,8 +15,12 @@
   per tenant (`Split.shares`), served first, what a tenant leaves unused going to the others;
   a `split_budget` wrapper, so it stacks on any policy.
   `--policy fcfs --plugin tenant_shares`
+- `structured_output` (`StructuredOutputSampler`): a request's output held to a JSON schema (or
+  any JSON object) by llguidance's grammar on the model's logits, a `sample` wrapper around any
+  sampler. Not shipped by name: the torch executor brings it, built with its tokenizer
+  (`TorchExecutor.plugins()`); the server fills it from OpenAI's `response_format`.
 
-Each is registered by name in `metroline.core.plugins.manager.SHIPPED`; options go in the config file's
+The first four are registered by name in `metroline.core.plugins.manager.SHIPPED`; options go in the config file's
 `[plugin_options.NAME]` table and are declared by each class's `Options` model (`metroline
 plugins` lists them). See each class's docstring and docs/contrib.md.
 """
