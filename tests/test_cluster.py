@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from metroline.api import PluginError, Refuse, hookimpl
+from test_routing import Nonsense  # a router that answers what it is given
+
+from metroline.api import PluginError, Refuse
 from metroline.core.cluster.router import Router
 from metroline.core.cluster.simulation import run_cluster
 from metroline.core.config import EngineConfig
@@ -63,17 +65,6 @@ def test_round_robin_replicas_are_independent_engines(policy):
     assert doc["summary"]["requests"] == len(wl)
 
 
-class Nonsense:
-    name = "nonsense"
-
-    def __init__(self, answer):
-        self.answer = answer
-
-    @hookimpl
-    def route(self, request, replicas):
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
 
 
 def test_a_router_that_raises_is_a_plugin_error_and_the_cluster_stops_with_it():
