@@ -237,6 +237,9 @@ class Engine(Intake):
         ctx._failures = failures = self._failures  # what `ctx.fail` asks for during the hook
         try:
             tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
+        except BaseException:
+            failures.clear()  # the step fails as a whole: nothing is left for the next one
+            raise
         finally:
             ctx._failures = None
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
