@@ -100,13 +100,11 @@ def check_arguments(kwargs: dict[str, Any]) -> None:
     """Raise `UnsupportedAttention` naming the first argument in `kwargs` (beyond the implemented
     ones) that is not neutral at the value given."""
     for name, value in kwargs.items():
-        if name not in NEUTRAL_ARGUMENTS:
-            raise UnsupportedAttention(f"passes the attention argument {name}={_short(value)}, which metroline's "
-                                       f"paged attention does not implement")
-        neutral = NEUTRAL_ARGUMENTS[name]
-        if neutral is not None and not any(value is v or (v is not None and value == v) for v in neutral):
-            raise UnsupportedAttention(f"passes the attention argument {name}={_short(value)}, which metroline's "
-                                       f"paged attention does not implement")
+        neutral = NEUTRAL_ARGUMENTS.get(name, ())  # an unknown argument has no neutral value
+        if neutral is None or any(value is v or (v is not None and value == v) for v in neutral):
+            continue
+        raise UnsupportedAttention(f"passes the attention argument {name}={_short(value)}, which metroline's "
+                                   f"paged attention does not implement")
 
 
 def _short(value: Any) -> str:
