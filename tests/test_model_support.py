@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch_helpers import engine, greedy_request
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from metroline.api import hookimpl
 from metroline.executors.torch import support
 from metroline.executors.torch.support import UnsupportedModel
 
@@ -206,13 +208,11 @@ def test_refused_by_name(case: Case, tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_longrope_past_the_original_context_is_refused_naming_the_reason() -> None:
     """Phi-3's LongRoPE changes its factors for the whole pack past the original context; metroline
     stops there and says why."""
-    from metroline.core.errors import RequestRefused  # noqa: F401  (the refusal the engine raises)
-
     case = next(c for c in CASES if c.model_type == "phi3")
     model = build(case)
     eng, ex = engine(model, num_blocks=64, block_size=8)
     assert ex.max_model_len == LONGROPE_ORIGINAL
-    with pytest.raises(Exception) as err:
+    with pytest.raises(ValidationError) as err:
         eng.add_request(greedy_request("long", list(range(LONGROPE_ORIGINAL)), 4))
     message = str(err.value)
     assert f"exceeds max_model_len={LONGROPE_ORIGINAL}" in message and "longrope" in message
@@ -296,8 +296,6 @@ class LogitsRecorder:
 
     def __init__(self) -> None:
         self.first: dict[str, torch.Tensor] = {}
-
-    from metroline.core.plugins.hookspecs import hookimpl
 
     @hookimpl
     def sample(self, seqs: list, logits: Any) -> list[int]:
