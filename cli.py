@@ -26,6 +26,7 @@ from .core.commands.flags import (
     ray_flag,
     run_flags,
     serve_flags,
+    serve_replica_flags,
     slo_flag,
     sweep_flags,
 )
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
     engine_flags(serve)
     serve_flags(serve)
+    serve_replica_flags(serve)
     generate = sub.add_parser("generate", help="generate text from prompts with a real model, streamed")
     generate_flags(generate)
     calibrate = sub.add_parser("calibrate", help="time a real model over batch shapes and fit the simulator's "

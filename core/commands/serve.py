@@ -13,19 +13,24 @@ SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens",
 """The `ServeConfig` fields a flag of `serve` sets (over the config file's `[serve]` table)."""
 
 
-def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """(EngineConfig, ServeConfig, executor) from the config file and the flags."""
+def serve_config_of(args: argparse.Namespace, run: dict[str, Any]) -> Any:
+    """The `ServeConfig` of the config file's `[serve]` table and the flags."""
     from ..config import load_config_file
     from ..serving.tenants import ServeConfig
 
-    config, run = resolve_options(args)
     table = dict(load_config_file(args.config).get("serve", {})) if args.config else {}
     for key in SERVE_KEYS:
         if getattr(args, key, None) is not None:
             table[key] = getattr(args, key)
     if table.get("model") is None and run.get("model") is not None:
         table["model"] = run["model"]
-    serve_config = ServeConfig.model_validate(table)
+    return ServeConfig.model_validate(table)
+
+
+def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(EngineConfig, ServeConfig, executor) from the config file and the flags."""
+    config, run = resolve_options(args)
+    serve_config = serve_config_of(args, run)
     if (run.get("executor") or "sim") == "sim":
         from ...executors.realtime import RealtimeExecutor
 
@@ -39,11 +44,86 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return config, serve_config, executor
 
 
+def with_replicas(args: argparse.Namespace) -> bool:
+    """Whether `serve` runs several replicas behind a front (`--replicas`, `--pools` or `--ray`)."""
+    return bool(getattr(args, "replicas", None) or getattr(args, "pools", None)
+                or getattr(args, "ray", None) is not None)
+
+
+def front_tokenizer(run: dict[str, Any], model: str) -> Any:
+    """The tokenizer the front routes with: the model's own when it has one (the torch executor),
+    else the simulated stand-ins."""
+    from ..serving.tokens import HFTokenizer, StandInTokenizer
+
+    if (run.get("executor") or "sim") == "sim":
+        return StandInTokenizer()
+    try:
+        from transformers import AutoTokenizer
+
+        from ...executors.torch.loader import locate
+
+        path = locate(run.get("model") or model)
+        tok = (AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if path.is_file()
+               else AutoTokenizer.from_pretrained(path))
+    except (OSError, ValueError, ImportError):
+        return StandInTokenizer()  # a model folder without a tokenizer: the replicas use these too
+    return HFTokenizer(tok)
+
+
+def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple[Any, Any]:
+    """(front app, ServeConfig): the replicas of `--replicas`/`--pools` started (local processes,
+    or Ray actors with `--ray`), each serving `serve_setup(args)`, behind `--router`. The app stops
+    them when its lifespan ends."""
+    from ..cluster.router import DEFAULT_ROUTER, make_router
+    from ..serving.front import build_front
+    from ..serving.replicas import replica_specs, start_local, stop_all
+    from .cluster_run import parse_pools, parse_router_options
+
+    if args.replicas is not None and args.replicas < 1:
+        raise ValueError(f"--replicas: expected at least 1, got {args.replicas}")
+    specs = replica_specs(args.replicas, parse_pools(args.pools))
+    router = make_router(args.router or DEFAULT_ROUTER, parse_router_options(args.router_option))
+    _, run = resolve_options(args)  # a bad flag is said here, before any replica starts
+    serve_config = serve_config_of(args, run)
+    if args.ray is not None:
+        from ..serving.ray_replicas import start_ray
+
+        replicas = start_ray(specs, serve_setup, args, args.ray, start_timeout=start_timeout)
+    else:
+        replicas = start_local(specs, serve_setup, args, start_timeout=start_timeout)
+    try:
+        tokenizer = front_tokenizer(run, serve_config.model)
+        stop = lambda rs: stop_all(rs, timeout=serve_config.drain_s + 5)
+        return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop), serve_config
+    except BaseException:
+        stop_all(replicas)
+        raise
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     from ..serving.server import make_engine, serve
 
+    if with_replicas(args):
+        return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
     print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
     serve(make_engine(config, executor), serve_config)
+    return 0
+
+
+def cmd_serve_replicas(args: argparse.Namespace) -> int:
+    """Serve the front of `--replicas`/`--pools` until interrupted; the replicas are stopped with it."""
+    from ..serving.replicas import stop_all
+    from ..serving.server import serve_app
+
+    app, serve_config = front_setup(args)
+    front = app.state.front
+    names = ", ".join(f"{r.name} ({r.pool}) {r.url}" for r in front.replicas)
+    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}, "
+          f"router {'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr)
+    try:
+        serve_app(app, serve_config)
+    finally:
+        stop_all(front.replicas, timeout=serve_config.drain_s + 5)  # stopped already unless uvicorn failed
     return 0

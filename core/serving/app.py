@@ -249,6 +249,18 @@ class Server:
             return error(503, "the engine loop is not running", "server_error")
         return JSONResponse({"status": "ok", **self.loop.describe()})
 
+    async def replica_state(self, http: HTTPRequest) -> Response:
+        """`GET /v1/replica/state`: the engine's load, read-only, for a router in front of several
+        servers (`front.py`): queue lengths, KV blocks (`kv_used_blocks`: held by live requests;
+        0 once idle, or blocks leaked), the block size and the policy."""
+        s, pool = self.engine.scheduler, self.engine.pool
+        return JSONResponse({
+            "num_waiting": len(s.waiting) + len(s.swapped), "num_running": len(s.running),
+            "kv_used_blocks": pool.num_used_blocks(), "kv_free_blocks": pool.num_free_blocks(),
+            "kv_cached_blocks": pool.num_cached_blocks(), "num_blocks": pool.num_blocks,
+            "block_size": pool.block_size, "policy": self.engine.config.policy, **self.loop.describe(),
+        })
+
     async def prometheus(self, http: HTTPRequest) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -280,6 +292,7 @@ def build_app(engine: Engine, serve: ServeConfig | None = None, tokenizer: Any =
             Route("/v1/models", server.models, methods=["GET"]),
             Route("/health", server.health, methods=["GET"]),
             Route("/metrics", server.prometheus, methods=["GET"]),
+            Route("/v1/replica/state", server.replica_state, methods=["GET"]),
         ],
         exception_handlers={Exception: _server_error},
         lifespan=server.lifespan,

@@ -1,5 +1,6 @@
 """Running the app: `make_engine` for `metroline serve`, `serve` (uvicorn, blocking, SIGTERM drains)
-and `ServerThread` (in-process on an ephemeral loopback port, for tests and benches)."""
+and `ServerThread` (in-process on an ephemeral loopback port, for tests and benches; `AppThread`
+for any app)."""
 
 from __future__ import annotations
 
@@ -39,25 +40,24 @@ def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uv
 def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None) -> None:
     """Serve until SIGINT/SIGTERM: uvicorn stops accepting, in-flight streams get `drain_s` seconds
     to finish, then the engine loop cancels the rest and frees their blocks."""
-    app = build_app(engine, serve_config, tokenizer)
-    uvicorn.Server(_uvicorn_config(app, serve_config)).run()
+    serve_app(build_app(engine, serve_config, tokenizer), serve_config)
 
 
-class ServerThread:
-    """The app on 127.0.0.1 and an ephemeral port, in a background thread; a context manager.
+def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:
+    """Serve any ASGI app with the server's uvicorn settings until SIGINT/SIGTERM (on `sockets`,
+    already bound, when given)."""
+    uvicorn.Server(_uvicorn_config(app, serve_config)).run(sockets=sockets)
 
-    ```python
-    with ServerThread(engine, ServeConfig()) as srv:
-        httpx.get(srv.url + "/health")
-    ```
-    """
 
-    def __init__(self, engine: Engine, serve: ServeConfig | None = None, tokenizer: Any = None,
-                 start_timeout: float = 20.0) -> None:
-        serve = (serve or ServeConfig()).model_copy(update={"host": "127.0.0.1", "port": 0})
-        self.app = build_app(engine, serve, tokenizer)
-        self.server_state = self.app.state.server
-        self.engine = engine
+class AppThread:
+    """Any ASGI app on `host` (127.0.0.1) and an ephemeral port, in a background thread; a context
+    manager (`ServerThread` serves an engine's app; the replicas' front and the Ray replicas use it
+    as it is)."""
+
+    def __init__(self, app: Any, serve: ServeConfig | None = None, start_timeout: float = 20.0,
+                 host: str = "127.0.0.1") -> None:
+        serve = (serve or ServeConfig()).model_copy(update={"host": host, "port": 0})
+        self.app = app
         self._uv = uvicorn.Server(_uvicorn_config(self.app, serve))
         self._uv.install_signal_handlers = lambda: None  # not the main thread
         self._thread = threading.Thread(target=self._run, name="metroline-server", daemon=True)
@@ -72,7 +72,12 @@ class ServerThread:
             with asyncio.Runner(loop_factory=factory) as runner:
                 runner.run(self._uv.serve())
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> AppThread:
+        self.start()
+        return self
+
+    def start(self) -> AppThread:
+        """Start serving; return once the app accepts connections (its lifespan has started)."""
         self._thread.start()
         import time
 
@@ -89,14 +94,34 @@ class ServerThread:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, let the app's lifespan end, and join the thread."""
         self._uv.should_exit = True
         self._thread.join(timeout)
         if self._thread.is_alive():
             self._uv.force_exit = True
             self._thread.join(5)
             raise RuntimeError("the server did not stop in time; forced it")
-        if self._thread.is_alive():
-            raise RuntimeError("the server did not stop")
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class ServerThread(AppThread):
+    """The app on 127.0.0.1 and an ephemeral port, in a background thread; a context manager.
+
+    ```python
+    with ServerThread(engine, ServeConfig()) as srv:
+        httpx.get(srv.url + "/health")
+    ```
+    """
+
+    def __init__(self, engine: Engine, serve: ServeConfig | None = None, tokenizer: Any = None,
+                 start_timeout: float = 20.0) -> None:
+        serve = (serve or ServeConfig()).model_copy(update={"host": "127.0.0.1", "port": 0})
+        super().__init__(build_app(engine, serve, tokenizer), serve, start_timeout)
+        self.server_state = self.app.state.server
+        self.engine = engine
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self

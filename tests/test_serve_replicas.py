@@ -1,0 +1,258 @@
+"""`metroline serve --replicas N` / `--pools`: a front routing one OpenAI endpoint over replica
+servers, each a real process (spawned) running today's single-engine server. The openai client
+through the front gets what a single server gives; a replica killed mid-stream fails its own
+requests with one clear error while the others finish and new requests go to the survivor, whose
+blocks all come back; length pools route by prompt length; Ray actors serve as replicas too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from test_serve import metrics, sim_server  # noqa: E402
+
+from metroline.cli import build_parser  # noqa: E402
+from metroline.core.commands.serve import front_setup  # noqa: E402
+from metroline.core.serving.front import REPLICA_HEADER  # noqa: E402
+from metroline.core.serving.server import AppThread  # noqa: E402
+
+SIM = ["--cost-model", "steps", "--step-time", "0.002"]
+
+
+def start_front(*flags: str) -> AppThread:
+    """`metroline serve FLAGS`'s front, started in a thread on a free port (its replicas spawned)."""
+    app, _ = front_setup(build_parser().parse_args(["serve", *flags]), start_timeout=120)
+    return AppThread(app).start()
+
+
+def routed(url: str) -> dict[str, float]:
+    """replica -> requests the front routed there (its /metrics)."""
+    m = metrics(url)
+    return {dict(labels)["replica"]: v for (name, labels), v in m.items()
+            if name == "metroline_front_requests_routed_total"}
+
+
+def replica_states(url: str) -> dict[str, dict]:
+    return {r["name"]: r for r in httpx.get(url + "/v1/replicas").json()["replicas"]}
+
+
+def wait_idle(url: str, name: str, timeout: float = 30.0) -> dict:
+    """A replica's own state once it runs and queues nothing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = replica_states(url)[name]["state"]
+        if state.get("num_running") == 0 and state.get("num_waiting") == 0 and state.get("in_flight") == 0:
+            return state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def sim_front():
+    front = start_front("--replicas", "2", *SIM)
+    yield front
+    replicas = front.app.state.front.replicas
+    front.stop()
+    assert not any(r.is_alive() for r in replicas)  # stopped with the front: no orphan
+
+
+def test_the_openai_client_through_the_front_gets_what_one_server_gives(sim_front):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=sim_front.url + "/v1", api_key="none", max_retries=0, timeout=30)
+    prompts = [f"a prompt to route, number {i}" for i in range(4)]
+    messages = [[{"role": "user", "content": f"Name metro line {i}."}] for i in range(4)]
+
+    def ask(c):
+        out = []
+        for i, prompt in enumerate(prompts):
+            out.append(c.completions.create(model="sim", prompt=prompt, max_tokens=6 + i, temperature=0)
+                       .choices[0].text)
+            chunks = list(c.completions.create(model="sim", prompt=prompt, max_tokens=6 + i, stream=True))
+            out.append("".join(ch.choices[0].text for ch in chunks if ch.choices))
+        for i, m in enumerate(messages):
+            out.append(c.chat.completions.create(model="sim", messages=m, max_tokens=5 + i)
+                       .choices[0].message.content)
+            chunks = list(c.chat.completions.create(model="sim", messages=m, max_tokens=5 + i, stream=True,
+                                                    stream_options={"include_usage": True}))
+            out.append("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices))
+            assert chunks[-1].usage.completion_tokens == 5 + i
+        return out
+
+    before = routed(sim_front.url)
+    through_front = ask(client)
+    with sim_server() as single:  # the same requests on one server: stand-in tokens depend on them only
+        alone = ask(openai.OpenAI(base_url=single.url + "/v1", api_key="none", max_retries=0, timeout=30))
+    assert through_front == alone
+    assert all(text.strip() for text in through_front)
+    after = routed(sim_front.url)
+    assert {k: after[k] - before.get(k, 0) for k in after} == {"r0": 8, "r1": 8}  # round robin: half each
+    assert [m.id for m in client.models.list().data] == ["sim"]
+    assert httpx.get(sim_front.url + "/health").json() == {"status": "ok", "replicas": {"r0": True, "r1": True}}
+    for name in ("r0", "r1"):  # each replica's engine did its share, and its blocks all came back
+        state = wait_idle(sim_front.url, name)
+        assert state["kv_used_blocks"] == 0 and state["steps"] > 0
+        own = httpx.get(f"{sim_front.url}/replicas/{name}/metrics").text
+        assert "metroline_requests_finished_total" in own
+
+
+def test_the_front_answers_bad_requests_itself_and_names_replicas(sim_front):
+    r = httpx.post(sim_front.url + "/v1/completions", content=b"{not json")
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    r = httpx.post(sim_front.url + "/v1/chat/completions", json={"messages": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
+    r = httpx.post(sim_front.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 200 and r.headers[REPLICA_HEADER] in ("r0", "r1")
+    # a replica's own refusal passes through unchanged (the simulated executor has no logprobs)
+    r = httpx.post(sim_front.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2, "logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+    assert httpx.get(sim_front.url + "/replicas/r9/metrics").status_code == 404
+
+
+def test_length_pools_send_long_prompts_to_the_long_pool_and_stop_with_the_front():
+    front = start_front("--pools", "short=1,long=1", "--router", "length_pools", "--router-option",
+                        "threshold=64", *SIM)
+    try:
+        short = httpx.post(front.url + "/v1/completions", json={"prompt": "short", "max_tokens": 3})
+        long = httpx.post(front.url + "/v1/completions", json={"prompt": "x" * 200, "max_tokens": 3})
+        chat = httpx.post(front.url + "/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": "y" * 300}], "max_tokens": 3})
+        assert [r.status_code for r in (short, long, chat)] == [200, 200, 200]
+        assert [r.headers[REPLICA_HEADER] for r in (short, long, chat)] == ["short-0", "long-0", "long-0"]
+        m = metrics(front.url)
+        assert m[("metroline_front_requests_routed_total", (("pool", "short"), ("replica", "short-0")))] == 1
+        assert m[("metroline_front_requests_routed_total", (("pool", "long"), ("replica", "long-0")))] == 2
+        assert m[("metroline_front_e2e_seconds_count", (("pool", "long"), ("replica", "long-0")))] == 2
+        replicas = front.app.state.front.replicas
+    finally:
+        front.stop()
+    assert not any(r.is_alive() for r in replicas)
+
+
+def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_any():
+    front = start_front("--replicas", "2", *SIM)
+    try:
+        handles = front.app.state.front.replicas
+        os.kill(handles[0].pid, signal.SIGKILL)
+        handles[0].process.join(5)
+        for _ in range(3):  # routed among the live ones only (the refused connection is routed again)
+            r = httpx.post(front.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2})
+            assert (r.status_code, r.headers[REPLICA_HEADER]) == (200, "r1")
+        assert httpx.get(front.url + "/health").json()["replicas"] == {"r0": False, "r1": True}
+        os.kill(handles[1].pid, signal.SIGKILL)
+        handles[1].process.join(5)
+        r = httpx.post(front.url + "/v1/completions", json={"prompt": "none left", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["message"] == "no replica is up"
+        assert httpx.get(front.url + "/health").status_code == 503
+        m = metrics(front.url)
+        assert m[("metroline_front_replica_up", (("pool", "default"), ("replica", "r0")))] == 0
+    finally:
+        front.stop()
+
+
+# --- a real model: a replica killed mid-stream ------------------------------------------------------
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict, started: asyncio.Event) -> tuple[str, str, list]:
+    """(replica, text, error messages) of one streamed completion; `started` is set at its first chunk."""
+    text, errors, replica = "", [], ""
+    async with client.stream("POST", url, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        replica = r.headers[REPLICA_HEADER]
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                errors.append(event["error"]["message"])
+                continue
+            text += event["choices"][0]["text"]
+            started.set()
+    return replica, text, errors
+
+
+@pytest.mark.slow
+def test_a_torch_replica_killed_mid_stream_fails_only_its_requests(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from test_serve import ids
+    from torch_helpers import VOCAB, tiny_llama
+
+    from metroline.core.config import EngineConfig
+    from metroline.core.requests.request import Request, SamplingParams
+    from metroline.core.step.engine import Engine
+    from metroline.executors.torch import TorchExecutor
+
+    model = tiny_llama(seed=3)
+    model.save_pretrained(tmp_path / "tiny")
+    prompts = [[(7 * i + 3 * j) % VOCAB for j in range(12 + i)] for i in range(6)]
+    front = start_front("--replicas", "2", "--executor", "torch", "--model", str(tmp_path / "tiny"),
+                        "--device", "cpu", "--num-blocks", "256", "--max-model-len", "512")
+    try:
+        url = front.url + "/v1/completions"
+
+        async def main():
+            async with httpx.AsyncClient(timeout=120) as client:
+                tasks = []
+                for p in prompts:  # one by one, so that round robin alternates r0, r1, r0, ...
+                    started = asyncio.Event()
+                    tasks.append(asyncio.create_task(_stream(
+                        client, url, {"prompt": p, "max_tokens": 400, "temperature": 0}, started)))
+                    await asyncio.wait_for(started.wait(), 60)
+                os.kill(front.app.state.front.replicas[1].pid, signal.SIGKILL)
+                return await asyncio.gather(*tasks)
+
+        results = asyncio.run(main())
+        assert [r for r, _, _ in results] == ["r0", "r1"] * 3
+        for i, (replica, text, errors) in enumerate(results):
+            if replica == "r1":  # killed mid-stream: the clear error, after the tokens it had sent
+                assert len(errors) == 1 and errors[0].startswith("replica r1 failed: connection lost"), errors
+                assert "SIGKILL" in errors[0]
+            else:
+                assert errors == []
+                engine = Engine(EngineConfig(), TorchExecutor(model))
+                out = engine.generate([Request(request_id="r", prompt_token_ids=prompts[i],
+                                               sampling=SamplingParams(max_new_tokens=400, temperature=0.0))])
+                assert ids(text) == out["r"][0].output_token_ids, i
+        for p in prompts[:3]:  # new requests: all to the survivor, all served
+            r = httpx.post(url, json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=60)
+            assert (r.status_code, r.headers[REPLICA_HEADER]) == (200, "r0")
+        m = metrics(front.url)
+        assert m[("metroline_front_requests_failed_total", (("pool", "default"), ("replica", "r1")))] == 3
+        assert m[("metroline_front_replica_up", (("pool", "default"), ("replica", "r1")))] == 0
+        assert m[("metroline_front_requests_in_flight", (("pool", "default"), ("replica", "r0")))] == 0
+        state = wait_idle(front.url, "r0")
+        assert state["kv_used_blocks"] == 0  # no block held once idle: none leaked
+        assert state["kv_free_blocks"] == state["num_blocks"]  # every block free or evictable
+    finally:
+        front.stop()
+
+
+@pytest.mark.slow
+def test_ray_actors_serve_as_replicas():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        front = start_front("--replicas", "2", "--ray", *SIM)
+        try:
+            handles = front.app.state.front.replicas
+            assert [h.kind for h in handles] == ["ray", "ray"]
+            served = set()
+            for i in range(4):
+                r = httpx.post(front.url + "/v1/chat/completions", timeout=30,
+                               json={"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 3})
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+                served.add(r.headers[REPLICA_HEADER])
+            assert served == {"r0", "r1"}
+        finally:
+            front.stop()
+        assert all(not h.is_alive() for h in handles)
+    finally:
+        ray.shutdown()
