@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -141,8 +142,22 @@ def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_a
     front = start_front("--replicas", "2", *SIM)
     try:
         handles = front.app.state.front.replicas
+        # a plain (not streamed) request in flight on r0 (round robin's first) when r0 is killed: 502
+        answer = {}
+        waiter = threading.Thread(target=lambda: answer.update(r=httpx.post(
+            front.url + "/v1/completions", json={"prompt": "long", "max_tokens": 3000}, timeout=60)))
+        waiter.start()
+        deadline = time.monotonic() + 20
+        while replica_states(front.url)["r0"]["state"].get("num_running") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         os.kill(handles[0].pid, signal.SIGKILL)
         handles[0].process.join(5)
+        waiter.join(30)
+        assert answer["r"].status_code == 502
+        assert answer["r"].json()["error"] == {
+            "message": "replica r0 failed: connection lost (process killed by SIGKILL)", "type": "server_error",
+            "param": None, "code": None}
         for _ in range(3):  # routed among the live ones only (the refused connection is routed again)
             r = httpx.post(front.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2})
             assert (r.status_code, r.headers[REPLICA_HEADER]) == (200, "r1")
@@ -156,6 +171,26 @@ def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_a
         assert m[("metroline_front_replica_up", (("pool", "default"), ("replica", "r0")))] == 0
     finally:
         front.stop()
+
+
+def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_what_was_routed():
+    from metroline.core.cluster.view import RouteRequest
+    from metroline.core.serving.remote_view import RemoteView, RoutedPrefixes
+
+    view = RemoteView(3, "r3", "long", prefix_capacity=4)
+    view.update({"num_waiting": 2, "num_running": 5, "kv_used_blocks": 7, "kv_free_blocks": 9, "block_size": 4,
+                 "policy": "srpt"})
+    assert (view.num_waiting, view.num_running, view.kv_used_blocks, view.kv_free_blocks, view.policy) == (
+        2, 5, 7, 9, "srpt")
+    first = RouteRequest("a", 0.0, list(range(13)), 8)
+    assert view.prefix_hit(first) == 0
+    view.routed(first)  # 3 full blocks of 4 (the last prompt token never counts)
+    view.outstanding.add("a", 21)
+    assert (view.outstanding_requests, view.outstanding_tokens) == (1, 21)
+    assert view.prefix_hit(RouteRequest("b", 0.0, [*range(8), 99, 99, 99, 99, 99], 8)) == 8  # 2 blocks shared
+    prefixes = RoutedPrefixes(capacity=2)
+    prefixes.add(first.block_chain(4))
+    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 0  # the first block forgotten
 
 
 # --- a real model: a replica killed mid-stream ------------------------------------------------------

@@ -11,8 +11,8 @@ by chunk, a plain answer whole. A router's `Refuse` answers 503 with its reason;
 When a replica's process dies or its connection fails, its in-flight requests fail with one clear
 error naming it (not streamed: 502 in OpenAI's error shape; streamed: an error event, then
 `[DONE]`), it is marked down and the router is shown the others from then on; a request whose
-connection to a replica could not even be opened (or whose replica died before answering
-anything) is routed again among the rest. `/health` is ok
+connection to a replica could not even be opened (or whose replica is found dead before it is
+sent) is routed again among the rest. `/health` is ok
 while a replica is up. The front owns the replicas: they are stopped when its lifespan ends.
 """
 
@@ -98,9 +98,17 @@ class Front:
         self.metrics.up.labels(view.name, view.pool).set(1)
         print(f"metroline: replica {view.name} up again", file=sys.stderr)
 
-    def _failure(self, view: RemoteView, exc: BaseException) -> str:
-        """The error of a request whose replica's connection failed; the replica is marked down."""
-        why = self.replicas[view.slot].why_down()
+    async def _failure(self, view: RemoteView, exc: BaseException) -> str:
+        """The error of a request whose replica's connection failed; the replica is marked down.
+        A process killed closes its sockets a moment before it can be reaped: up to 0.5 s is
+        given to learn how it ended."""
+        handle = self.replicas[view.slot]
+        if handle.kind == "process":
+            for _ in range(50):
+                if not handle.is_alive():
+                    break
+                await asyncio.sleep(0.01)
+        why = handle.why_down()
         reason = "connection refused" if isinstance(exc, httpx.ConnectError) else "connection lost"
         self.mark_down(view, f"{reason} ({why or type(exc).__name__})")
         return f"replica {view.name} failed: {reason}" + (f" ({why})" if why else "")
@@ -173,17 +181,19 @@ class Front:
                 self.metrics.refused.labels("router").inc()
                 return error(503, f"the router refused this request: {answer.reason}", "server_error")
             view = live[answer]
-            url = self.replicas[view.slot].url + path
+            handle = self.replicas[view.slot]
+            if not handle.is_alive():  # died since the last poll: route again among the others
+                self.mark_down(view, handle.why_down() or "not running")
+                continue
             try:
                 upstream = await self.client.send(
-                    self.client.build_request("POST", url, content=raw, headers=headers), stream=True)
+                    self.client.build_request("POST", handle.url + path, content=raw, headers=headers), stream=True)
             except httpx.TransportError as exc:
-                if isinstance(exc, httpx.ConnectError) or not self.replicas[view.slot].is_alive():
-                    # it never got the request, or died before answering: route it again among the others
-                    self._failure(view, exc)
+                if isinstance(exc, httpx.ConnectError):  # it never got the request: route it again
+                    await self._failure(view, exc)
                     continue
                 self.metrics.failed.labels(view.name, view.pool).inc()
-                return error(502, self._failure(view, exc))
+                return error(502, await self._failure(view, exc))
             break
         view.routed(request)
         view.outstanding.add(request.request_id, tokens)
@@ -199,7 +209,7 @@ class Front:
             content = await upstream.aread()
         except httpx.TransportError as exc:
             self.metrics.failed.labels(*labels).inc()
-            return error(502, self._failure(view, exc))
+            return error(502, await self._failure(view, exc))
         finally:
             await upstream.aclose()
             self._ended(view, request.request_id, started)
@@ -224,7 +234,7 @@ class Front:
                 yield chunk
         except httpx.TransportError as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
-            message = self._failure(view, exc)
+            message = await self._failure(view, exc)
             yield (b"" if complete else b"\n\n") + p.sse(p.error_body(message, "server_error")) + p.DONE
         finally:
             await upstream.aclose()
