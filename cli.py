@@ -16,6 +16,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from .core.commands.calibrate import cmd_calibrate
+from .core.commands.canary_report import cmd_canary_report
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from .core.commands.compare import POLICIES, cmd_compare
 from .core.commands.flags import (
@@ -61,9 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--outputs", metavar="PATH", help="write one JSON line per finished sequence: id, "
                      "prompt_token_ids, output_token_ids, text (null without a tokenizer), finish_reason (default: none)")
     compare = sub.add_parser("compare", help="run several policies on the identical workload, side by side")
-    compare.add_argument("--policies", default=",".join(POLICIES),
+    compare.add_argument("--policies",
                          help="comma-separated policies; `a+b` stacks plugin b on policy a "
-                         f"(default: {','.join(POLICIES)})")
+                         f"(default: {','.join(POLICIES)}; with --routers the config's policy)")
+    compare.add_argument("--routers", metavar="R1,R2,...",
+                         help="compare routers instead of policies, each on the simulated cluster of --replicas, "
+                         "--pools or [cluster]; `name:key=value` gives that router an option (default: none)")
     compare.add_argument("--seeds", type=int, metavar="K",
                          help="run every policy on K draws of the workload (seeds --seed, --seed + 1, ...; "
                          "a trace is resampled, see --resample) and print each metric's mean with its 95%% "
@@ -77,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     ray_flag(compare)
     engine_flags(compare, compare=True)
     run_flags(compare, compare=True)
+    cluster_flags(compare)
     slo_flag(compare)
     sweep = sub.add_parser("sweep", help="run policies across arrival rates: SLO attainment, goodput, capacity at SLO")
     sweep.add_argument("--policies", default=",".join(POLICIES),
@@ -96,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     engine_flags(serve)
     serve_flags(serve)
     serve_replica_flags(serve)
+    canary = sub.add_parser("canary-report", help="a canary's arms compared: TTFT/TPOT percentiles with intervals "
+                            "and a verdict, from a serving front or a run's result document")
+    canary.add_argument("source", metavar="SOURCE", help="http://HOST:PORT of `serve --replicas` (its /v1/canary), "
+                        "a result document of `run --json` with a canary, or a saved /v1/canary answer")
+    canary.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
+    canary.add_argument("--json", metavar="PATH", help="write the comparisons (default: none)")
+    canary.add_argument("--fail-on-worse", action="store_true",
+                        help="exit 1 when a canary is worse (for a rollout script; default: exit 0)")
     generate = sub.add_parser("generate", help="generate text from prompts with a real model, streamed")
     generate_flags(generate)
     calibrate = sub.add_parser("calibrate", help="time a real model over batch shapes and fit the simulator's "
@@ -150,7 +163,7 @@ def rerun(argv: list[str], out: Path) -> None:
 
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "plugins": cmd_plugins,
             "workloads": cmd_workloads, "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate,
-            "check-plugin": cmd_check_plugin,
+            "check-plugin": cmd_check_plugin, "canary-report": cmd_canary_report,
             "replay": lambda args: cmd_replay(args, rerun)}
 """The body of each command."""
 

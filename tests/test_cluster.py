@@ -44,7 +44,8 @@ def test_one_replica_behind_any_router_is_the_single_engine(router, workload, po
     single, _ = run_workload(wl, config, sim())
     doc, _ = run_cluster(wl, config, sim, replicas=1, router=router)
     assert strip(doc) == strip(single)
-    assert doc["cluster"] == {"replicas": 1, "router": router, "refused": 0}
+    assert {k: doc["cluster"][k] for k in ("replicas", "router", "refused")} == {
+        "replicas": 1, "router": router, "refused": 0}
     assert doc["replicas"][0]["routed"] == len(wl)
 
 

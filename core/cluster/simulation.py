@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -22,46 +23,47 @@ from pydantic import ValidationError
 from ..config import EngineConfig
 from ..errors import RequestRefused
 from ..experiments.runner import GC_EVERY_STEPS, result_of
-from ..results.collector import MetricsCollector
+from ..results.canary import ArmSamples, compare_arms
+from ..results.collector import TIME_S, MetricsCollector
+from ..results.horizon import MeasurementWindow, unfinished_records, window_summary
 from ..results.summaries import summarize
 from ..step.engine import Engine
 from ..workloads.build import Workload
-from .router import DEFAULT_ROUTER, Router, make_router
-from .view import Outstanding, Refuse, ReplicaView, RouteRequest
-
-DEFAULT_POOL = "default"
+from .router import Router, make_router
+from .spec import BASELINE, CANARY, DEFAULT_ROUTER, ClusterSpec, PoolSpec, ReplicaPlan
+from .targets import RouteTargets, replica_view
+from .view import Outstanding, Refuse, RouteRequest
 
 
 class Replica:
-    """One engine of the cluster with the router's view of it and what was routed to it."""
+    """One engine of the cluster with what was routed to it."""
 
-    __slots__ = ("engine", "executor", "idle", "outstanding", "parked", "routed", "seen", "view")
+    __slots__ = ("engine", "executor", "idle", "outstanding", "parked", "plan", "routed", "seen")
 
-    def __init__(self, index: int, name: str, pool: str, engine: Engine) -> None:
+    def __init__(self, plan: ReplicaPlan, engine: Engine) -> None:
+        self.plan = plan
         self.engine = engine
         self.executor = engine.executor
         self.outstanding = Outstanding()
-        policy = "+".join([engine.config.policy, *engine.config.plugins])
-        self.view = ReplicaView(index, name, pool, policy, engine, self.outstanding)
         self.seen = 0  # records already read (requests ended)
         self.routed = 0
         self.parked = False  # its last step scheduled nothing: it waits for a wake-up or a request
         self.idle = 0
 
 
-def replica_names(replicas: int, pools: dict[str, int] | None = None) -> list[tuple[str, str]]:
-    """(name, pool) of each replica: `replicas` in the default pool, or `pools` (pool -> count) in
-    their order, named `<pool>-<i>` (`r<i>` in the default pool)."""
-    if not pools:
-        if replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {replicas}")
-        return [(f"r{i}", DEFAULT_POOL) for i in range(replicas)]
-    out = []
-    for pool, count in pools.items():
-        if count < 1:
-            raise ValueError(f"pool {pool!r}: replicas must be >= 1, got {count}")
-        out += [(f"{pool}-{i}", pool) for i in range(count)]
-    return out
+def spec_of(replicas: int = 1, pools: dict[str, int] | None = None, router: str = DEFAULT_ROUTER,
+            router_options: dict[str, Any] | None = None) -> ClusterSpec:
+    """The `ClusterSpec` of `replicas` in one pool, or of `pools` (pool -> count), every replica
+    with the top-level engine."""
+    if pools:
+        for pool, count in pools.items():
+            if count < 1:
+                raise ValueError(f"pool {pool!r}: replicas must be >= 1, got {count}")
+        return ClusterSpec(pools={p: PoolSpec(replicas=n) for p, n in pools.items()}, router=router,
+                           router_options=dict(router_options or {}))
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    return ClusterSpec(replicas=replicas, router=router, router_options=dict(router_options or {}))
 
 
 def run_cluster(
@@ -69,6 +71,7 @@ def run_cluster(
     config: EngineConfig,
     make_executor: Callable[[], Any],
     *,
+    spec: ClusterSpec | None = None,
     replicas: int = 1,
     pools: dict[str, int] | None = None,
     router: Router | str = DEFAULT_ROUTER,
@@ -78,41 +81,54 @@ def run_cluster(
     vocab_size: int = 32000,
     window_s: float = 60.0,
     max_idle_steps: int = 1000,
+    measure: MeasurementWindow | None = None,
 ) -> tuple[dict[str, Any], list[Engine]]:
     """Replay `workload` on a simulated cluster; returns the result document and the engines.
 
-    `make_executor()` builds one replica's executor (each has its own clock); `plugins(i)` the
-    extra plugin objects of replica `i`. The document is the cluster-wide one of
-    `runner.result_of` (every replica's requests and steps pooled; `kv_peak_blocks` is the sum of
-    the replicas' peaks), with `cluster` (`replicas`, `router`, `refused`), `replicas` (per
-    replica: `index`, `name`, `pool`, `routed` and its `summary`) and, with `pools`, `pools`
-    (pool -> summary over its replicas) added. With one replica the rest of the document is the
-    one `runner.run_workload` gives."""
-    router_name = router if isinstance(router, str) else "+".join(router.names)
-    if isinstance(router, str):
-        router = make_router(router, router_options)
-    reps = [
-        Replica(i, name, pool, Engine(config, make_executor(), plugins=plugins(i) if plugins else (),
-                                      retain_finished=False))
-        for i, (name, pool) in enumerate(replica_names(replicas, pools))
-    ]
+    The cluster is `spec` (pools, their engines and canaries, the router; see `spec.py`), or
+    `replicas` / `pools` (pool -> count) of the top-level engine behind `router` (a spec or a
+    `Router`). `make_executor()` builds one replica's executor (each has its own clock);
+    `plugins(i)` the extra plugin objects of replica `i`. `measure`: a warm-up and horizon (as
+    `runner.run_workload`'s); the replay stops at the horizon.
+
+    The document is the cluster-wide one of `runner.result_of` (every replica's requests and
+    steps pooled; `kv_peak_blocks` is the sum of the replicas' peaks), with `cluster` (`replicas`,
+    `router`, `refused`, `spec`), `replicas` (per replica: `index`, `name`, `pool`, `arm`,
+    `policy`, `routed` and its `summary`), with pools `pools` (pool -> summary over its
+    replicas), and with a canary `canary` (pool -> each arm's summary and `comparison`, see
+    `results/canary.py`). With one replica the rest of the document is the one
+    `runner.run_workload` gives."""
+    if spec is None:
+        spec = spec_of(replicas, pools, router if isinstance(router, str) else DEFAULT_ROUTER, router_options)
+    if isinstance(router, Router):
+        router_name = "+".join(router.names)
+    else:
+        router_name, router = spec.router, make_router(spec.router, spec.router_options)
+    plans = spec.plan(config)
+    reps = [Replica(p, Engine(p.config, make_executor(), plugins=plugins(p.index) if plugins else (),
+                              retain_finished=False)) for p in plans]
+    targets = RouteTargets(spec, plans, lambda i, pos: replica_view(plans[i], pos, reps[i].engine,
+                                                                    reps[i].outstanding))
     refused = MetricsCollector(config.max_num_seqs)
+    until = measure.stop_s if measure is not None else math.inf
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        wall = _loop(workload.items, reps, router, refused, vocab_size, oracle_lengths, max_idle_steps)
+        wall = _loop(workload.items, reps, targets, router, refused, vocab_size, oracle_lengths, max_idle_steps,
+                     until)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return cluster_document(reps, refused, workload, wall, router_name, bool(pools), oracle_lengths, window_s), [
-        r.engine for r in reps
-    ]
+    doc = cluster_document(reps, refused, workload, wall, router_name, spec, config, oracle_lengths, window_s,
+                           measure)
+    return doc, [r.engine for r in reps]
 
 
-def _loop(items: list, reps: list[Replica], router: Router, refused: MetricsCollector, vocab_size: int,
-          oracle: bool, max_idle_steps: int) -> float:
-    views = tuple(r.view for r in reps)
-    total, i, countdown = len(items), 0, GC_EVERY_STEPS
+def _loop(items: list, reps: list[Replica], targets: RouteTargets, router: Router, refused: MetricsCollector,
+          vocab_size: int, oracle: bool, max_idle_steps: int, until: float) -> float:
+    i, countdown = 0, GC_EVERY_STEPS
+    # nothing arrives from the horizon on (arrivals are in time order)
+    total = len(items) if until == math.inf else bisect_left([it.arrival_s for it in items], until)
     wall = time.perf_counter()
     while True:
         nxt, t_min = None, math.inf  # the replica that steps next, and its clock
@@ -128,10 +144,10 @@ def _loop(items: list, reps: list[Replica], router: Router, refused: MetricsColl
             if t < t_min:
                 nxt, t_min = r, t
         if i < total and items[i].arrival_s <= t_min:
-            _arrive(items[i], str(i), reps, views, router, refused, vocab_size, oracle)
+            _arrive(items[i], str(i), reps, targets, router, refused, vocab_size, oracle)
             i += 1
             continue
-        if nxt is None:
+        if nxt is None or t_min >= until:
             break
         engine = nxt.engine
         if nxt.parked:
@@ -169,18 +185,19 @@ def _wake_time(engine: Engine) -> float | None:
     return min(ahead) if ahead else None
 
 
-def _arrive(item: Any, rid: str, reps: list[Replica], views: tuple, router: Router, refused: MetricsCollector,
-            vocab_size: int, oracle: bool) -> None:
+def _arrive(item: Any, rid: str, reps: list[Replica], targets: RouteTargets, router: Router,
+            refused: MetricsCollector, vocab_size: int, oracle: bool) -> None:
     """Route one arriving request and submit it to its replica (as `runner.replay` would have)."""
     data = item.request_data(rid, vocab_size=vocab_size, oracle=oracle)
     prompt = data["prompt_token_ids"]
     request = RouteRequest(rid, item.arrival_s, prompt, item.output_len, item.tenant, item.priority)
+    views, indexes = targets.for_request(request)
     choice = router.choose(request, views)
     if isinstance(choice, Refuse):
         refused.record_rejected(rid, item.tenant, item.priority, item.arrival_s, len(prompt),
                                 f"router: {choice.reason}")
         return
-    r = reps[choice]
+    r = reps[indexes[choice]]
     r.routed += 1
     engine = r.engine
     if r.parked:  # as `replay`: an engine whose step scheduled nothing idles to its next arrival
@@ -201,6 +218,36 @@ def _arrive(item: Any, rid: str, reps: list[Replica], views: tuple, router: Rout
     r.outstanding.add(rid, item.prompt_len + item.output_len)
 
 
+class PooledEngines:
+    """Several engines read as one by `runner.result_of` and `run_series.series_of`: their records
+    and steps pooled (in time order), `config` the cluster's top-level one (with `total_blocks`,
+    `num_blocks` their sum), the pool's peak the sum of their peaks; `sequences(request_id)` finds
+    a request on any of them."""
+
+    def __init__(self, engines: list[Engine], config: EngineConfig, extra: MetricsCollector | None = None,
+                 total_blocks: bool = False) -> None:
+        self.engines = engines
+        first = engines[0]
+        if total_blocks:
+            config = config.model_copy(update={"num_blocks": sum(e.config.num_blocks for e in engines)})
+        self.config = config
+        self.plugins, self.executor = first.plugins, first.executor
+        self.metrics = _pooled(engines, extra)
+        self.pool = SimpleNamespace(peak_used_blocks=sum(e.pool.peak_used_blocks for e in engines))
+
+    def sequences(self, request_id: str) -> Any:
+        for e in self.engines:
+            try:
+                return e.sequences(request_id)
+            except KeyError:
+                continue
+        raise KeyError(request_id)
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+
+
 def _pooled(engines: list[Engine], extra: MetricsCollector | None = None) -> SimpleNamespace:
     """The metrics of several engines as one collector (records and steps concatenated)."""
     first = engines[0].metrics
@@ -211,35 +258,74 @@ def _pooled(engines: list[Engine], extra: MetricsCollector | None = None) -> Sim
         running += e.metrics.running_by_tenant
     if extra is not None:
         requests += extra.requests
+    if len(engines) > 1:  # in time order, as one engine's log is
+        order = sorted(range(len(steps)), key=lambda k: steps[k][TIME_S])
+        steps = [steps[k] for k in order]
+        running = [running[k] for k in order] if len(running) == len(order) else running
     return SimpleNamespace(max_num_seqs=first.max_num_seqs, requests=requests, steps=steps,
                            running_by_tenant=running)
 
 
+def _records(engine: Engine, arrivals: list[float], measure: MeasurementWindow | None) -> list:
+    """An engine's records, with those of its requests unfinished at the horizon when measured."""
+    if measure is None or not measure.active:
+        return list(engine.metrics.requests)
+    return [*engine.metrics.requests, *unfinished_records(engine, arrivals)]
+
+
+def _summary(engines: list[Engine], arrivals: list[float], measure: MeasurementWindow | None,
+             **kw: Any) -> dict[str, Any]:
+    records = [r for e in engines for r in _records(e, arrivals, measure)]
+    steps = _pooled(engines).steps
+    peak = sum(e.pool.peak_used_blocks for e in engines)
+    if measure is None or not measure.active:
+        return summarize(records, steps, kv_peak_blocks=peak, **kw)
+    return window_summary(records, steps, measure, kv_peak_blocks=peak, **kw)
+
+
 def cluster_document(reps: list[Replica], refused: MetricsCollector, workload: Workload, wall_s: float,
-                     router: str, with_pools: bool, oracle_lengths: bool, window_s: float) -> dict[str, Any]:
+                     router: str, spec: ClusterSpec, config: EngineConfig, oracle_lengths: bool, window_s: float,
+                     measure: MeasurementWindow | None = None) -> dict[str, Any]:
     """The cluster's result document (see `run_cluster`)."""
     engines = [r.engine for r in reps]
-    first = engines[0]
-    proxy = SimpleNamespace(
-        config=first.config, plugins=first.plugins, executor=first.executor, metrics=_pooled(engines, refused),
-        pool=SimpleNamespace(peak_used_blocks=sum(e.pool.peak_used_blocks for e in engines)),
-    )
-    doc = result_of(proxy, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s)
-    kw = {"max_num_seqs": first.config.max_num_seqs, "wall_s": wall_s}
-    doc["cluster"] = {"replicas": len(reps), "router": router, "refused": len(refused.requests)}
+    proxy = PooledEngines(engines, engines[0].config if len(engines) == 1 else config, refused)
+    doc = result_of(proxy, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s, measure=measure)
+    arrivals = [it.arrival_s for it in workload.items]
+    if measure is not None:
+        arrivals = [t for t in arrivals if t < measure.stop_s]
+    kw = {"max_num_seqs": config.max_num_seqs, "wall_s": wall_s}
+    doc["cluster"] = {"replicas": len(reps), "router": router, "refused": len(refused.requests),
+                      "spec": spec.describe()}
     doc["replicas"] = [
-        {"index": r.view.index, "name": r.view.name, "pool": r.view.pool, "routed": r.routed,
-         "summary": summarize(r.engine.metrics.requests, r.engine.metrics.steps,
-                              kv_peak_blocks=r.engine.pool.peak_used_blocks, **kw)}
+        {"index": r.plan.index, "name": r.plan.name, "pool": r.plan.pool, "arm": r.plan.arm, "policy": r.plan.policy,
+         "routed": r.routed, "summary": _summary([r.engine], arrivals, measure, **kw)}
         for r in reps
     ]
-    if with_pools:
-        doc["pools"] = {}
-        for pool in dict.fromkeys(r.view.pool for r in reps):
-            members = [r.engine for r in reps if r.view.pool == pool]
-            m = _pooled(members)
-            doc["pools"][pool] = summarize(m.requests, m.steps, kv_peak_blocks=sum(
-                e.pool.peak_used_blocks for e in members), **kw)
+    pools = list(dict.fromkeys(r.plan.pool for r in reps))
+    if spec.pools:
+        doc["pools"] = {pool: _summary([r.engine for r in reps if r.plan.pool == pool], arrivals, measure, **kw)
+                        for pool in pools}
+    if spec.has_canary:
+        doc["canary"] = {}
+        for pool in pools:
+            arms = {arm: [r.engine for r in reps if r.plan.pool == pool and r.plan.arm == arm]
+                    for arm in (BASELINE, CANARY)}
+            if not arms[CANARY]:
+                continue
+            samples = {arm: ArmSamples.of_records(_in_window([rec for e in es for rec in e.metrics.requests], measure))
+                       for arm, es in arms.items()}
+            doc["canary"][pool] = {
+                "policy": {arm: next(r.plan.policy for r in reps if r.plan.pool == pool and r.plan.arm == arm)
+                           for arm in arms},
+                "summary": {arm: _summary(es, arrivals, measure, **kw) for arm, es in arms.items()},
+                "comparison": compare_arms(samples[BASELINE], samples[CANARY]),
+            }
     from ..results.document import _jsonable
 
     return _jsonable(doc)
+
+
+def _in_window(records: list, measure: MeasurementWindow | None) -> list:
+    if measure is None or not measure.active:
+        return records
+    return [r for r in records if measure.warmup_s <= r.arrival_s < measure.stop_s]

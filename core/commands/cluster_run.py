@@ -5,45 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-REFUSED_WITH_REPLICAS = ("outputs", "report", "requests_csv", "steps_csv")
+from ..cluster.spec import parse_pools, parse_router_options  # noqa: F401 - the flags' parsers, here too
 
-
-def parse_pools(text: str | None) -> dict[str, int] | None:
-    """`short=3,long=1` -> {"short": 3, "long": 1} (None for None)."""
-    if not text:
-        return None
-    pools: dict[str, int] = {}
-    for part in text.split(","):
-        name, sep, count = part.strip().partition("=")
-        if not sep or not name or not count.strip().isdigit():
-            raise ValueError(f"--pools: expected POOL=N,... (e.g. short=3,long=1), got {part!r}")
-        pools[name.strip()] = int(count)
-    return pools
-
-
-def parse_router_options(items: list[str] | None) -> dict[str, Any]:
-    """`["threshold=2048", "seed=1"]` -> {"threshold": 2048, "seed": 1}: ints and floats parsed."""
-    options: dict[str, Any] = {}
-    for item in items or ():
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--router-option: expected KEY=VALUE, got {item!r}")
-        parsed: Any = value
-        for kind in (int, float):
-            try:
-                parsed = kind(value)
-                break
-            except ValueError:
-                continue
-        options[key.strip()] = parsed
-    return options
+REFUSED_WITH_REPLICAS = ("outputs", "report", "steps_csv")
 
 
 def run_cluster_command(args: argparse.Namespace, config: Any, run: dict[str, Any], workload: Any, executor: Any,
-                        manifest: Any) -> int:
-    """Run the workload on `--replicas` (or `--pools`) engines behind `--router`; print the cluster's
-    summary table and one line per replica; write `--json`."""
-    from ..cluster.router import DEFAULT_ROUTER
+                        manifest: Any, spec: Any) -> int:
+    """Run the workload on the cluster `spec` (the `[cluster]` table and `--replicas`, `--pools`,
+    `--router`); print the cluster's summary table, one line per replica and each canary's
+    comparison; write `--json` and `--requests-csv` (every replica's requests)."""
     from ..cluster.simulation import run_cluster
     from ..results import files as result_files
     from ..results import report
@@ -51,34 +22,46 @@ def run_cluster_command(args: argparse.Namespace, config: Any, run: dict[str, An
 
     for flag in REFUSED_WITH_REPLICAS:
         if getattr(args, flag, None):
-            raise ValueError(f"--{flag.replace('_', '-')} is not available with --replicas/--pools yet; use --json")
-    if measurement(run) is not None:
-        raise ValueError("--warmup/--horizon are not available with --replicas/--pools yet")
-    pools = parse_pools(args.pools)
-    if pools and args.replicas:
-        raise ValueError("give --replicas N or --pools POOL=N,..., not both")
+            raise ValueError(f"--{flag.replace('_', '-')} is not available with a cluster (--replicas, --pools, "
+                             "[cluster]); use --json or --requests-csv")
+    spec.plan(config)  # a bad pool config is reported before any replica is built
     executors = iter([executor])
     vocab = getattr(executor, "vocab_size", None)
     doc, engines = run_cluster(
-        workload, config, lambda: next(executors, None) or make_executor(run), replicas=args.replicas or 1,
-        pools=pools, router=args.router or DEFAULT_ROUTER, router_options=parse_router_options(args.router_option),
-        oracle_lengths=bool(run.get("oracle_lengths")), window_s=run.get("window", 60.0),
+        workload, config, lambda: next(executors, None) or make_executor(run), spec=spec,
+        oracle_lengths=bool(run.get("oracle_lengths")), window_s=run.get("window", 60.0), measure=measurement(run),
         **({"vocab_size": vocab} if vocab else {}),
     )
     for engine in engines:
         engine.close()
     report.print_summary_table(doc)
-    c = doc["cluster"]
-    print(f"cluster: {c['replicas']} replicas, router {c['router']}, {c['refused']} refused by the router")
-    for r in doc["replicas"]:
-        s = r["summary"]
-        ttft = (s["ttft_s"] or {}).get("mean")
-        hit = s["prefix_hit_rate"]
-        print(f"  {r['name']:>10} pool {r['pool']:<8} routed {r['routed']:>6}  completed {s['completed']:>6}  "
-              f"mean TTFT {'-' if ttft is None else f'{ttft:.3f} s'}  prefix hits "
-              f"{'-' if hit is None else f'{hit:.1%}'}")
+    print(format_cluster(doc), end="")
     if manifest is not None:
         doc["manifest"] = manifest
     if args.json:
         result_files.write_json(args.json, doc)
+    if args.requests_csv:
+        result_files.write_requests_csv(args.requests_csv, [r for e in engines for r in e.metrics.requests])
     return 0
+
+
+def format_cluster(doc: dict[str, Any]) -> str:
+    """The cluster's lines under the summary table: the router, one line per replica, each canary."""
+    from ..results.canary import format_canary
+
+    c = doc["cluster"]
+    lines = [f"cluster: {c['replicas']} replicas, router {c['router']}, {c['refused']} refused by the router"]
+    for r in doc["replicas"]:
+        s = r["summary"]
+        ttft = (s["ttft_s"] or {}).get("mean")
+        hit = s["prefix_hit_rate"]
+        arm = f" {r['arm']}" if r.get("arm") else ""
+        lines.append(
+            f"  {r['name']:>12} pool {r['pool']:<8}{arm:<9} {r['policy']:<14} routed {r['routed']:>6}  completed "
+            f"{s['completed']:>6}  mean TTFT {'-' if ttft is None else f'{ttft:.3f} s'}  prefix hits "
+            f"{'-' if hit is None else f'{hit:.1%}'}")
+    text = "\n".join(lines) + "\n"
+    for pool, canary in (doc.get("canary") or {}).items():
+        policy = canary["policy"]
+        text += format_canary(f"{pool} ({policy['baseline']} -> {policy['canary']})", canary["comparison"])
+    return text

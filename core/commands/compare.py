@@ -9,6 +9,7 @@ from .flags import COMPARE_REFUSED
 from .logs import log_to_stderr
 from .options import (
     check_output_paths,
+    cluster_options,
     fit_config,
     make_executor,
     make_workload,
@@ -58,6 +59,27 @@ def policy_configs(policies: str, config: Any) -> tuple[list[str], list[Any]]:
     return labels, _own_options(configs)
 
 
+def router_specs(routers: str, spec: Any) -> tuple[list[str], list[Any]]:
+    """The labels of `--routers` (`name` or `name:key=value:key=value`, options for that router)
+    and the cluster spec of each: `spec` with that router (and its options; the `[cluster]`
+    table's and `--router-option`'s apply to the router they were given for)."""
+    from ..cluster.spec import parse_router_options
+
+    labels, specs = [], []
+    for item in (r.strip() for r in routers.split(",")):
+        if not item:
+            continue
+        name, *opts = item.split(":")
+        options = parse_router_options(opts)
+        if name == spec.router:
+            options = {**spec.router_options, **options}
+        labels.append(item)
+        specs.append(spec.model_copy(update={"router": name, "router_options": options}))
+    if not labels:
+        raise ValueError("--routers: give at least one router")
+    return labels, specs
+
+
 def refuse_run_flags(args: argparse.Namespace) -> None:
     """Refuse the flags of `run` that a command of several policies does not take (`COMPARE_REFUSED`)."""
     for key, why in COMPARE_REFUSED.items():
@@ -86,7 +108,7 @@ def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
         raise ValueError("--baseline: applies with --seeds only")
     baseline = labels[0] if args.baseline is None else args.baseline
     if baseline not in labels:
-        raise ValueError(f"--baseline: {baseline!r} is not one of --policies ({', '.join(labels)})")
+        raise ValueError(f"--baseline: {baseline!r} is not one of {'--routers' if args.routers else '--policies'} ({', '.join(labels)})")
     if len(set(labels)) < len(labels) and args.seeds is not None:
         raise ValueError("--policies: a policy listed twice cannot be told apart in a comparison over seeds")
     return baseline
@@ -114,8 +136,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     bounds = parse_slo(args.slo) if args.slo else None
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
-    labels, configs = policy_configs(args.policies, config)
+    spec = cluster_options(args, routers=True)
+    if args.routers:
+        if args.policies is not None and len(args.policies.split(",")) > 1:
+            raise ValueError("--routers: compare routers or policies, not both (give --policies one policy, or none "
+                             "for the config's)")
+        _, (base_config,) = policy_configs(args.policies or "+".join([config.policy]), config)
+        labels, specs = router_specs(args.routers, spec)
+        configs = [base_config] * len(labels)
+    else:
+        labels, configs = policy_configs(args.policies or ",".join(POLICIES), config)
+        specs = [spec] * len(labels)
     baseline = _check_seed_flags(args, labels)
+    if spec is not None:
+        for c in {id(c): c for c in configs}.values():
+            spec.plan(c)  # a bad pool config is reported before any run
     if args.seeds is None:
         seeds, workloads = None, [make_workload(run, workload_seed(config))]
     else:
@@ -123,6 +158,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     workload = workloads[0]
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
     jobs, extra = args.jobs, {"ray": args.ray}
+    if getattr(executor, "kv_bytes_per_token", None) and spec is not None:
+        raise ValueError("--replicas/--pools/[cluster]: a cluster is simulated (--executor sim); the torch executor "
+                         "serves replicas with `metroline serve --replicas N`")
     if getattr(executor, "kv_bytes_per_token", None):
         # a real model: its KV geometry fits every config alike, and runs go one at a time (each
         # one's wall-clock timings must not share the cores with another)
@@ -136,17 +174,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
         manifest["seeds"]["workload"] = seeds
     run_labels = labels if seeds is None else [f"{label}#{s}" for s in seeds for label in labels]
     results = run_many(
-        [(w, c) for w in workloads for c in configs], lambda: make_executor(run), extract=series_of, jobs=jobs,
+        [(w, c, sp) for w in workloads for c, sp in zip(configs, specs)], lambda: make_executor(run),
+        extract=series_of, jobs=jobs,
         labels=run_labels, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
         window_s=run.get("window", 60.0), measure=measurement(run), **extra,
     )
     docs, series = [doc for doc, _ in results], [s for _, s in results]
+    if args.routers:
+        for i, doc in enumerate(docs):
+            doc["label"] = labels[i % len(labels)]
     if bounds:
         for doc, s in zip(docs, series):
             doc["slo"] = evaluate(s.records, bounds, doc["summary"]["duration_s"])
     n = len(labels)
     if seeds is None:
         report.print_comparison_table(docs)
+        if spec is not None:
+            from .cluster_run import format_cluster
+
+            for label, doc in zip(labels, docs):
+                print(f"{label}: {format_cluster(doc)}", end="")
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
     result = {"runs": docs, "load_check": load, "manifest": manifest}

@@ -54,6 +54,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             raise ConfigError(f"{source}: run: must be a table of run options (valid: {', '.join(RUN_KEYS)})")
         run.update(relative_to_file(table, Path(args.config)))
         data.pop("serve", None)  # the server's table (metroline serve)
+        data.pop("cluster", None)  # the cluster's table (`cluster_options`)
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
                 "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset"):
@@ -215,6 +216,27 @@ def make_workload(run: dict[str, Any], seed: int | None, tokenizer: Any = None) 
         groups=run.get("groups"), traces_dir=run.get("traces_dir"), tokenizer=tokenizer,
         resample=run.get("resample", "redraw"),
     )
+
+
+def cluster_options(args: argparse.Namespace, routers: bool = False) -> Any:
+    """The `ClusterSpec` of the config file's `[cluster]` table and the flags `--replicas`,
+    `--pools`, `--router`, `--router-option` (None when neither the table nor a flag asks for a
+    cluster). `routers`: `--routers` (compare) also asks for one."""
+    from ..cluster.spec import cluster_spec, parse_pools, parse_router_options
+    from ..config import load_config_file
+
+    table = None
+    if getattr(args, "config", None):
+        table = load_config_file(args.config).get("cluster")
+        if table is not None and not isinstance(table, dict):
+            raise ConfigError(f"{args.config}: cluster: must be a table (replicas, pools, router, router_options)")
+    flags = {"replicas": getattr(args, "replicas", None), "pools": parse_pools(getattr(args, "pools", None)),
+             "router": getattr(args, "router", None),
+             "router_options": parse_router_options(getattr(args, "router_option", None))}
+    wanted = routers and getattr(args, "routers", None)
+    if table is None and not wanted and not any(flags.values()):
+        return None
+    return cluster_spec(table, source=str(getattr(args, "config", None) or "config"), **flags)
 
 
 def measurement(run: dict[str, Any]) -> Any:

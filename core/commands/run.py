@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .logs import log_to_stderr
-from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
+from .options import check_output_paths, cluster_options, make_workload, measurement, prepare, workload_seed
 from .outputs import check_report_folder, manifest_for
 
 
@@ -23,10 +23,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
-    if getattr(args, "replicas", None) or getattr(args, "pools", None) or getattr(args, "router", None):
+    spec = cluster_options(args)
+    if spec is not None:
         from .cluster_run import run_cluster_command
 
-        return run_cluster_command(args, config, run, workload, executor, manifest)
+        return run_cluster_command(args, config, run, workload, executor, manifest, spec)
     writer = None
     if args.outputs:
         from ..workloads.text_requests import OutputsWriter

@@ -44,7 +44,7 @@ def run_workloads(
 
 
 def run_many(
-    runs: list[tuple[Workload, EngineConfig]],
+    runs: list[tuple[Workload, EngineConfig] | tuple[Workload, EngineConfig, Any]],
     make_executor: Callable[[], Any],
     *,
     extract: Callable[[Engine, dict[str, Any]], Any] | None = None,
@@ -59,7 +59,8 @@ def run_many(
 ) -> list[tuple[dict[str, Any], Any]]:
     """`run_workloads` for runs that may each replay their own workload (a load sweep replays one
     workload at several rates): `(document, extract(engine, document))` per run, in the order of
-    `runs` (`None` for the second without `extract`). `extract` runs where the run ran (in its
+    `runs` (`None` for the second without `extract`). A run `(workload, config, cluster)` is that
+    simulated cluster's (a `ClusterSpec`; `extract` then reads its engines pooled). `extract` runs where the run ran (in its
     worker), so what it returns, not the engine, crosses back: keep it small and picklable.
     `ray`: run them as tasks of a Ray cluster instead (its address; "" for a local one or the
     one `RAY_ADDRESS` names; see `ray_runner.run_on_ray`), `jobs` then unused. `measure`: the
@@ -77,10 +78,14 @@ def run_many(
         from .ray_runner import run_on_ray
 
         return run_on_ray(runs, make_executor, labels, options, extract=extract, address=ray, progress=progress)
-    total = max((len(w.items) for w, _ in runs), default=0)
+    total = max((len(run[0].items) for run in runs), default=0)
     if jobs <= 1:
         results = []
-        for label, (workload, config) in zip(labels, runs):
+        for label, (workload, config, *cluster) in zip(labels, runs):
+            if cluster and cluster[0] is not None:
+                results.append(collect_outcomes([label], [run_remote(workload, config, make_executor, options, extract,
+                                                                     cluster=cluster[0])])[0])
+                continue
             bar = ProgressBar(len(workload.items), enabled=progress, label=label)
             doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
             results.append((doc, extract(engine, doc) if extract is not None else None))
@@ -109,8 +114,9 @@ def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
     job = _JOB
     queue = job["queue"]
     bar = _QueuedProgress(index, queue) if queue is not None else False
-    workload, config = job["runs"][index]
-    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar)
+    workload, config, *cluster = job["runs"][index]
+    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar,
+                      cluster=cluster[0] if cluster else None)
 
 
 class _QueuedProgress:

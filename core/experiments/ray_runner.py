@@ -45,16 +45,16 @@ def run_on_ray(
     ray = connect(address)
     task = ray.remote(num_cpus=1, max_retries=0)(run_remote)
     stored: dict[int, Any] = {}
-    for workload, _ in runs:
+    for workload, *_ in runs:
         if id(workload) not in stored:
             stored[id(workload)] = ray.put(workload)
     maker = ray.put(make_executor)
     pending = {
-        task.remote(stored[id(workload)], config, maker, options, extract): i
-        for i, (workload, config) in enumerate(runs)
+        task.remote(stored[id(workload)], config, maker, options, extract, False, cluster[0] if cluster else None): i
+        for i, (workload, config, *cluster) in enumerate(runs)
     }
     refs = list(pending)
-    board = ProgressBoard(labels, max((len(w.items) for w, _ in runs), default=0), enabled=progress)
+    board = ProgressBoard(labels, max((len(run[0].items) for run in runs), default=0), enabled=progress)
     try:
         waiting = list(refs)
         while waiting:

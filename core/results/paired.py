@@ -30,6 +30,7 @@ PAIRED_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float, str], ...] 
     ("E2E mean", ("summary", "e2e_s", "mean"), "lower", 1000.0, "ms"),
     ("E2E p99", ("summary", "e2e_s", "p99"), "lower", 1000.0, "ms"),
     ("queue mean", ("summary", "queue_s", "mean"), "lower", 1000.0, "ms"),
+    ("prefix hit rate", ("summary", "prefix_hit_rate"), "higher", 100.0, "%"),
     ("preemptions", ("summary", "preemptions"), "lower", 1.0, ""),
     ("recomputed tokens", ("summary", "recomputed_tokens"), "lower", 1.0, ""),
     ("slot utilisation", ("summary", "slot_utilization"), None, 100.0, "%"),

@@ -216,7 +216,7 @@ def _comparison_table(docs: list[dict]) -> Any:
     headers: list[str] = []
     seen: dict[str, int] = {}
     for doc in docs:
-        name = str(doc.get("policy", "?"))
+        name = str(doc.get("label") or doc.get("policy", "?"))
         seen[name] = seen.get(name, 0) + 1
         headers.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
 

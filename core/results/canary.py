@@ -1,0 +1,193 @@
+"""A canary's two arms compared: each arm's TTFT and TPOT (mean and percentiles) with the interval
+of the difference canary - baseline and a verdict, from the requests each arm served.
+
+The two arms serve different requests at the same time, so the comparison is not paired request
+by request. Latencies of requests close in time are correlated (a queue that builds up delays
+every request behind it), so resampling single requests would give intervals far too narrow: an
+A/A canary would be called different often. The bootstrap resamples *time windows* instead (a
+block bootstrap): the run's arrivals are cut into `windows` equal stretches, a resample draws
+that many stretches with replacement, and both arms take the requests of the same drawn
+stretches (the load they met is shared: paired by window). A percentile of a resample is the
+weighted nearest-rank percentile (each request weighted by how often its window was drawn); the
+estimates use the same definition.
+
+Each metric has its own interval (at `level`) and verdict; the `verdict` of the whole canary is
+`worse` when one metric is worse at the Bonferroni-corrected level (1 - (1 - level) / metrics),
+`better` when none is worse and one is better at that level, else `no difference`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .stats import BETTER, BOOTSTRAP_SEED, DEFAULT_LEVEL, NO_DIFFERENCE, WORSE, expanded_tail
+
+CANARY_METRICS: tuple[tuple[str, str, str | float], ...] = (
+    ("ttft_mean", "ttft", "mean"), ("ttft_p50", "ttft", 50.0), ("ttft_p90", "ttft", 90.0), ("ttft_p99", "ttft", 99.0),
+    ("tpot_mean", "tpot", "mean"), ("tpot_p50", "tpot", 50.0), ("tpot_p99", "tpot", 99.0),
+)
+"""(key, latency, statistic) of each compared metric; every one is better lower."""
+
+DEFAULT_RESAMPLES = 2000
+MIN_WINDOWS, MAX_WINDOWS = 5, 40
+WINDOW_LIFETIMES = 4.0
+MIN_PER_WINDOW = 20
+_CHUNK_CELLS = 4_000_000
+
+
+class ArmSamples:
+    """One arm's completed requests: arrival time, TTFT, TPOT (None with a single output token)
+    and end-to-end latency, in seconds."""
+
+    __slots__ = ("arrival", "e2e", "tpot", "tpot_arrival", "ttft")
+
+    def __init__(self, rows: Iterable[tuple[float, float, float | None, float]]) -> None:
+        rows = list(rows)
+        self.arrival = np.array([r[0] for r in rows], dtype=float)
+        self.ttft = np.array([r[1] for r in rows], dtype=float)
+        self.e2e = np.array([r[3] for r in rows], dtype=float)
+        with_tpot = [r for r in rows if r[2] is not None]
+        self.tpot = np.array([r[2] for r in with_tpot], dtype=float)
+        self.tpot_arrival = np.array([r[0] for r in with_tpot], dtype=float)
+
+    @staticmethod
+    def of_records(records: Iterable[Any]) -> ArmSamples:
+        """The samples of `RequestRecord`s (completed ones only: those with a first token and a
+        finish)."""
+        rows = []
+        for r in records:
+            if r.first_token_s is None or r.finish_s is None or r.error is not None:
+                continue
+            tpot = None
+            if r.output_tokens > 1:
+                tpot = (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+            rows.append((r.arrival_s, r.first_token_s - r.arrival_s, tpot, r.finish_s - r.arrival_s))
+        return ArmSamples(rows)
+
+    def __len__(self) -> int:
+        return int(self.arrival.size)
+
+    def latency(self, which: str) -> tuple[np.ndarray, np.ndarray]:
+        return (self.ttft, self.arrival) if which == "ttft" else (self.tpot, self.tpot_arrival)
+
+
+def window_count(span: float, e2e: np.ndarray, requests: int) -> int:
+    """How many windows the bootstrap cuts `span` seconds into: each at least `WINDOW_LIFETIMES`
+    times the 90th percentile of the requests' end-to-end latency (a request's latency depends on
+    those it shared the batch and the queue with: windows shorter than that are not independent,
+    and the interval would be too narrow) and holding `MIN_PER_WINDOW` requests on average;
+    between `MIN_WINDOWS` and `MAX_WINDOWS`."""
+    life = float(np.percentile(e2e, 90)) if e2e.size else 0.0
+    by_time = int(span / (WINDOW_LIFETIMES * life)) if life > 0 else MAX_WINDOWS
+    return int(min(MAX_WINDOWS, max(MIN_WINDOWS, min(by_time, requests // MIN_PER_WINDOW))))
+
+
+def _weighted(values: np.ndarray, weights: np.ndarray, statistic: str | float) -> np.ndarray:
+    """`statistic` of `values` (sorted ascending) under each row of `weights`: the weighted mean
+    or nearest-rank percentile (NaN for a row of zero weight)."""
+    total = weights.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if statistic == "mean":
+            return weights @ values / total
+        cum = np.cumsum(weights, axis=1)
+        target = np.maximum(float(statistic) / 100.0 * total, 1e-12)
+        rank = (cum < target[:, None]).sum(axis=1)
+        out = values[np.minimum(rank, values.size - 1)]
+    out[total == 0] = np.nan
+    return out
+
+
+def _resampled(values: np.ndarray, window: np.ndarray, counts: np.ndarray, statistic: str | float) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], window[order]
+    out = np.empty(counts.shape[0])
+    rows = max(1, _CHUNK_CELLS // max(1, v.size))
+    for start in range(0, counts.shape[0], rows):
+        block = counts[start:start + rows]
+        out[start:start + rows] = _weighted(v, block[:, w].astype(float), statistic)
+    return out
+
+
+def compare_arms(
+    baseline: ArmSamples, canary: ArmSamples, *, level: float = DEFAULT_LEVEL, windows: int | None = None,
+    resamples: int = DEFAULT_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
+    """The comparison (see the module docstring) as a JSON-ready dict: `requests` per arm,
+    `windows`, `level`, `metrics` (key -> `baseline`, `canary`, `difference` {estimate, low,
+    high}, `relative` (difference / baseline), `verdict`) and the overall `verdict`. Either arm
+    without a completed request: every verdict is None."""
+    n = len(baseline) + len(canary)
+    out: dict[str, Any] = {"requests": {"baseline": len(baseline), "canary": len(canary)}, "level": level,
+                           "metrics": {}, "verdict": None}
+    if not len(baseline) or not len(canary):
+        out["windows"] = 0
+        return out
+    start = float(min(baseline.arrival.min(), canary.arrival.min()))
+    span = float(max(baseline.arrival.max(), canary.arrival.max())) - start
+    k = windows or window_count(span, np.concatenate([baseline.e2e, canary.e2e]), n)
+    width = span / k if span > 0 else 1.0
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
+    tail = expanded_tail(level, k)
+    strict = expanded_tail(1 - (1 - level) / len(CANARY_METRICS), k)
+    worse = better = False
+    for key, which, statistic in CANARY_METRICS:
+        draws, estimates = [], []
+        for arm in (baseline, canary):
+            values, arrival = arm.latency(which)
+            if not values.size:
+                break
+            window = np.minimum(((arrival - start) / width).astype(int), k - 1)
+            draws.append(_resampled(values, window, counts, statistic))
+            estimates.append(float(_weighted(np.sort(values), np.ones((1, values.size)), statistic)[0]))
+        if len(draws) < 2:
+            out["metrics"][key] = None
+            continue
+        diff = draws[1] - draws[0]
+        diff = diff[np.isfinite(diff)]
+        estimate = estimates[1] - estimates[0]
+        low, high = (float(x) for x in np.quantile(diff, [tail / 2, 1 - tail / 2]))
+        s_low, s_high = (float(x) for x in np.quantile(diff, [strict / 2, 1 - strict / 2]))
+        verdict = WORSE if low > 0 else BETTER if high < 0 else NO_DIFFERENCE
+        worse |= s_low > 0
+        better |= s_high < 0
+        base = estimates[0]
+        out["metrics"][key] = {
+            "baseline": estimates[0], "canary": estimates[1],
+            "difference": {"estimate": estimate, "low": low, "high": high},
+            "relative": ({"estimate": estimate / base, "low": low / base, "high": high / base} if base else None),
+            "verdict": verdict,
+        }
+    out["windows"] = k
+    out["verdict"] = WORSE if worse else BETTER if better else NO_DIFFERENCE
+    return out
+
+
+def format_canary(name: str, comparison: dict[str, Any]) -> str:
+    """The comparison as a terminal table (milliseconds)."""
+    req = comparison["requests"]
+    head = (f"canary {name}: baseline {req['baseline']} requests, canary {req['canary']} requests, "
+            f"{comparison.get('windows', 0)} windows, {comparison['level']:.0%} intervals: "
+            f"verdict {comparison['verdict'] or '-'}")
+    lines = [head]
+    lines.append(f"  {'metric':<10} {'baseline':>10} {'canary':>10} {'canary - baseline [interval]':>36}  verdict")
+    for key, m in comparison["metrics"].items():
+        if m is None:
+            lines.append(f"  {key:<10} {'-':>10} {'-':>10}")
+            continue
+        d = m["difference"]
+        rel = m["relative"]
+        rel_text = f" ({rel['estimate']:+.1%})" if rel else ""
+        lines.append(f"  {key:<10} {m['baseline'] * 1e3:8.1f}ms {m['canary'] * 1e3:8.1f}ms "
+                     f"{d['estimate'] * 1e3:+9.1f} [{d['low'] * 1e3:+.1f}, {d['high'] * 1e3:+.1f}] ms{rel_text:>10}  "
+                     f"{m['verdict']}")
+    return "\n".join(lines) + "\n"
+
+
+def samples_of_rows(rows: Sequence[Sequence[Any]]) -> ArmSamples:
+    """`ArmSamples` of JSON rows `[arrival_s, ttft_s, tpot_s or null, e2e_s]` (what a server
+    reports)."""
+    return ArmSamples((float(a), float(t), None if p is None else float(p), float(e)) for a, t, p, e in rows)
