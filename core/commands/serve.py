@@ -44,10 +44,28 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return config, serve_config, executor
 
 
+class ReplicaSetup:
+    """`serve_setup(args)` of one replica, with its engine's `changes` (its pool's and canary's
+    config and policy stack) applied over the top-level config (picklable: replicas are spawned)."""
+
+    def __init__(self, changes: dict[str, Any]) -> None:
+        self.changes = changes
+
+    def __call__(self, args: argparse.Namespace) -> tuple[Any, Any, Any]:
+        config, serve_config, executor = serve_setup(args)
+        if self.changes:
+            config = config.model_validate({**config.model_dump(), **self.changes})
+        return config, serve_config, executor
+
+
 def with_replicas(args: argparse.Namespace) -> bool:
-    """Whether `serve` runs several replicas behind a front (`--replicas`, `--pools` or `--ray`)."""
+    """Whether `serve` runs several replicas behind a front (`--replicas`, `--pools`, `--ray` or a
+    `[cluster]` table in the config file)."""
+    from ..config import load_config_file
+
     return bool(getattr(args, "replicas", None) or getattr(args, "pools", None)
-                or getattr(args, "ray", None) is not None)
+                or getattr(args, "ray", None) is not None
+                or (getattr(args, "config", None) and "cluster" in load_config_file(args.config)))
 
 
 def front_tokenizer(run: dict[str, Any], model: str) -> Any:
@@ -74,27 +92,33 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     """(front app, ServeConfig): the replicas of `--replicas`/`--pools` started (local processes,
     or Ray actors with `--ray`), each serving `serve_setup(args)`, behind `--router`. The app stops
     them when its lifespan ends."""
-    from ..cluster.router import DEFAULT_ROUTER, make_router
+    from ..cluster.router import make_router
+    from ..cluster.spec import ClusterSpec
     from ..serving.front import build_front
-    from ..serving.replicas import replica_specs, start_local, stop_all
-    from .cluster_run import parse_pools, parse_router_options
+    from ..serving.replicas import start_local, stop_all
+    from .options import cluster_options
 
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas: expected at least 1, got {args.replicas}")
-    specs = replica_specs(args.replicas, parse_pools(args.pools))
-    router = make_router(args.router or DEFAULT_ROUTER, parse_router_options(args.router_option))
-    _, run = resolve_options(args)  # a bad flag is said here, before any replica starts
+    config, run = resolve_options(args)  # a bad flag is said here, before any replica starts
+    spec = cluster_options(args) or ClusterSpec(replicas=1)
+    plans = spec.plan(config)  # and a bad pool config
+    router = make_router(spec.router, spec.router_options)
     serve_config = serve_config_of(args, run)
+    top = config.model_dump()
+    builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}) for p in plans]
+    specs = [(p.name, p.pool) for p in plans]
     if args.ray is not None:
         from ..serving.ray_replicas import start_ray
 
-        replicas = start_ray(specs, serve_setup, args, args.ray, start_timeout=start_timeout)
+        replicas = start_ray(specs, builds, args, args.ray, start_timeout=start_timeout)
     else:
-        replicas = start_local(specs, serve_setup, args, start_timeout=start_timeout)
+        replicas = start_local(specs, builds, args, start_timeout=start_timeout)
     try:
         tokenizer = front_tokenizer(run, serve_config.model)
         stop = lambda rs: stop_all(rs, timeout=serve_config.drain_s + 5)
-        return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop), serve_config
+        return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop,
+                           cluster=(spec, plans)), serve_config
     except BaseException:
         stop_all(replicas)
         raise

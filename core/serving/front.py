@@ -38,6 +38,7 @@ from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
 from . import protocol as p
+from .front_canary import FrontCanary, content_events
 from .front_metrics import FrontMetrics
 from .remote_view import RemoteView
 from .tenants import ServeConfig, Tenants
@@ -56,7 +57,8 @@ class Front:
     """The state behind the front's routes: the replicas, their views, the router, the metrics."""
 
     def __init__(self, replicas: list[Any], router: Router, serve: ServeConfig, tokenizer: Any,
-                 poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None) -> None:
+                 poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
+                 canary: Callable[[Any], FrontCanary] | None = None) -> None:
         self.replicas = list(replicas)
         self.views = [RemoteView(i, r.name, r.pool) for i, r in enumerate(self.replicas)]
         self.router = router
@@ -66,6 +68,7 @@ class Front:
         self.poll_s = poll_s
         self.created = int(time.time())
         self.metrics = FrontMetrics([(r.name, r.pool) for r in self.replicas])
+        self.canary = canary(self.metrics.registry) if canary is not None else None
         self._stop_replicas = stop_replicas
         self._live: tuple[RemoteView, ...] | None = None
         self.client: httpx.AsyncClient | None = None
@@ -168,8 +171,14 @@ class Front:
         request = self._route_request(body, chat, tenant)
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
+        arms = self.canary.arms(request) if self.canary is not None and self.canary.active else None
         while True:
             live = self.live()
+            if arms is not None:  # a canary pool shows the request only its arm's replicas
+                live = tuple(v for v in live if self.canary.allows(v.slot, arms))
+                for i, v in enumerate(live):
+                    v.index = i
+                self._live = None  # the indexes of the cached tuple were changed
             if not live:
                 self.metrics.refused.labels("no_replica").inc()
                 return error(503, "no replica is up", "server_error")
@@ -225,13 +234,22 @@ class Front:
         """The replica's server-sent events, chunk by chunk; a lost connection ends the stream with
         an error event naming the replica, then `[DONE]`."""
         first, complete = True, True
+        first_event = last_event = None
+        events = 0
         try:
             async for chunk in upstream.aiter_raw():
+                now = time.monotonic()
                 if first:
                     first = False
-                    self.metrics.ttft.labels(view.name, view.pool).observe(time.monotonic() - started)
+                    self.metrics.ttft.labels(view.name, view.pool).observe(now - started)
                 complete = chunk.endswith(b"\n\n")
+                n = content_events(chunk)
+                if n:
+                    first_event = first_event if first_event is not None else now
+                    last_event, events = now, events + n
                 yield chunk
+            if self.canary is not None:
+                self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
         except httpx.TransportError as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
             message = await self._failure(view, exc)
@@ -261,6 +279,14 @@ class Front:
              "outstanding_requests": v.outstanding_requests, "outstanding_tokens": v.outstanding_tokens,
              "state": v.state}
             for v in self.views]})
+
+    async def canary_report(self, http: HTTPRequest) -> Response:
+        """`GET /v1/canary`: each canary pool's arms, their rows and their comparison
+        (`front_canary.py`); 404 without a canary."""
+        if self.canary is None or not self.canary.active:
+            return error(404, "no pool of this cluster has a canary ([cluster.pools.NAME.canary])",
+                         "invalid_request_error")
+        return JSONResponse(await asyncio.to_thread(self.canary.report))
 
     async def prometheus(self, http: HTTPRequest) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -295,18 +321,26 @@ class Front:
 
 
 def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None = None, tokenizer: Any = None,
-                poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None) -> Starlette:
+                poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
+                cluster: tuple[Any, list[Any]] | None = None) -> Starlette:
     """The front's ASGI app over started replicas (handles of `replicas.py` or `ray_replicas.py`);
-    `stop_replicas(replicas)` runs when it shuts down. `app.state.front` is its `Front`."""
+    `stop_replicas(replicas)` runs when it shuts down. `cluster`: the `(ClusterSpec, plans)` the
+    replicas were started from, in the same order (its canaries split the traffic and are
+    compared on `/v1/canary`). `app.state.front` is its `Front`."""
     from .tokens import StandInTokenizer
 
-    front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s, stop_replicas)
+    canary = None
+    if cluster is not None and cluster[0].has_canary:
+        canary = lambda registry: FrontCanary(cluster[0], cluster[1], registry)  # noqa: E731
+    front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s, stop_replicas,
+                  canary)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", front.chat, methods=["POST"]),
             Route("/v1/completions", front.completions, methods=["POST"]),
             Route("/v1/models", front.models, methods=["GET"]),
             Route("/v1/replicas", front.replicas_state, methods=["GET"]),
+            Route("/v1/canary", front.canary_report, methods=["GET"]),
             Route("/health", front.health, methods=["GET"]),
             Route("/metrics", front.prometheus, methods=["GET"]),
             Route("/replicas/{name}/metrics", front.replica_metrics, methods=["GET"]),

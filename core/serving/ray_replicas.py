@@ -78,7 +78,7 @@ class RayReplica:
         ray.kill(self.actor)
 
 
-def start_ray(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, Any, Any]], arg: Any,
+def start_ray(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, Any, Any]] | list[Any], arg: Any,
               address: str = "", num_cpus: float = 1, start_timeout: float = 600.0) -> list[RayReplica]:
     """One actor per `(name, pool)` on the Ray cluster at `address` ("" : `$RAY_ADDRESS`, else a
     new local one), each serving a replica; their handles once every one is healthy."""
@@ -86,7 +86,8 @@ def start_ray(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, An
 
     ray = connect(address)
     actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(ReplicaActor)
-    actors = [(name, pool, actor_class.remote(build, arg)) for name, pool in specs]
+    builds = build if isinstance(build, list) else [build] * len(specs)
+    actors = [(name, pool, actor_class.remote(b, arg)) for (name, pool), b in zip(specs, builds, strict=True)]
     replicas: list[RayReplica] = []
     try:
         starts = [a.start.remote() for _, _, a in actors]

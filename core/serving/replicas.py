@@ -114,17 +114,19 @@ def wait_healthy(name: str, url: str, alive: Callable[[], bool], deadline: float
         time.sleep(0.05)
 
 
-def start_local(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, Any, Any]], arg: Any,
+def start_local(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, Any, Any]] | list[Any], arg: Any,
                 start_timeout: float = 300.0) -> list[LocalReplica]:
     """Spawn one replica process per `(name, pool)` and return their handles once every one is
-    healthy; if one fails to start, the others are stopped and a `RuntimeError` names it."""
+    healthy; if one fails to start, the others are stopped and a `RuntimeError` names it. `build`:
+    one for all, or a list with one per replica (picklable: the processes are spawned)."""
     ctx = multiprocessing.get_context("spawn")
     started: list[tuple[str, str, Any, Any]] = []
     replicas: list[LocalReplica] = []
     try:
         for name, pool in specs:
             here, there = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=replica_main, args=(build, arg, os.getpid(), there),
+            process = ctx.Process(target=replica_main, args=(build[len(started)] if isinstance(build, list) else build,
+                                                              arg, os.getpid(), there),
                                   name=f"metroline-replica-{name}", daemon=True)
             process.start()
             there.close()
@@ -152,20 +154,6 @@ def start_local(specs: list[tuple[str, str]], build: Callable[[Any], tuple[Any, 
                 process.join(5)
         raise
     return replicas
-
-
-def replica_specs(replicas: int | None, pools: dict[str, int] | None) -> list[tuple[str, str]]:
-    """`(name, pool)` of each replica: `r0..r{N-1}` in pool "default", or with pools
-    `short=2,long=1`: `short-0, short-1, long-0`."""
-    if pools:
-        if replicas:
-            raise ValueError("give --replicas N or --pools POOL=N,..., not both")
-        specs = [(f"{pool}-{i}", pool) for pool, n in pools.items() for i in range(n)]
-    else:
-        specs = [(f"r{i}", "default") for i in range(replicas or 1)]
-    if not specs:
-        raise ValueError("--pools: at least one replica is needed")
-    return specs
 
 
 def stop_all(replicas: list[Any], timeout: float = 10.0) -> None:
