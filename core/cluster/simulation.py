@@ -82,6 +82,7 @@ def run_cluster(
     window_s: float = 60.0,
     max_idle_steps: int = 1000,
     measure: MeasurementWindow | None = None,
+    executor_of: Callable[[ReplicaPlan], Any] | None = None,
 ) -> tuple[dict[str, Any], list[Engine]]:
     """Replay `workload` on a simulated cluster; returns the result document and the engines.
 
@@ -105,7 +106,8 @@ def run_cluster(
     else:
         router_name, router = spec.router, make_router(spec.router, spec.router_options)
     plans = spec.plan(config)
-    reps = [Replica(p, Engine(p.config, make_executor(), plugins=plugins(p.index) if plugins else (),
+    build = executor_of or (lambda plan: make_executor())
+    reps = [Replica(p, Engine(p.config, build(p), plugins=plugins(p.index) if plugins else (),
                               retain_finished=False)) for p in plans]
     targets = RouteTargets(spec, plans, lambda i, pos: replica_view(plans[i], pos, reps[i].engine,
                                                                     reps[i].outstanding))

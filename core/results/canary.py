@@ -3,27 +3,46 @@ of the difference canary - baseline and a verdict, from the requests each arm se
 
 The two arms serve different requests at the same time, so the comparison is not paired request
 by request. Latencies of requests close in time are correlated (a queue that builds up delays
-every request behind it), so resampling single requests would give intervals far too narrow: an
-A/A canary would be called different often. The bootstrap resamples *time windows* instead (a
-block bootstrap): the run's arrivals are cut into `windows` equal stretches, a resample draws
-that many stretches with replacement, and both arms take the requests of the same drawn
-stretches (the load they met is shared: paired by window). A percentile of a resample is the
-weighted nearest-rank percentile (each request weighted by how often its window was drawn); the
-estimates use the same definition.
+every request behind it; a batch slows every sequence in it), so treating requests as independent
+would give intervals far too narrow: an A/A canary would be called different often. The unit of
+resampling is a *time window* instead (a block bootstrap):
+
+- the run's arrivals are cut into K equal windows, each at least `WINDOW_LIFETIMES` times the
+  90th percentile of the requests' end-to-end latency (a request interacts with those it shares
+  the queue and the batch with, so shorter windows are not independent) and holding
+  `MIN_PER_WINDOW` requests on average, K between `MIN_WINDOWS` and `MAX_WINDOWS`;
+- a resample draws K windows with replacement, and both arms take the requests of the same drawn
+  windows (the load they met is shared: paired by window); a percentile of a resample is the
+  weighted nearest-rank percentile (each request weighted by how often its window was drawn), and
+  the estimates use the same definition;
+- the interval is the estimate plus or minus Student's t with K - 1 degrees of freedom times the
+  resamples' standard deviation (scaled by sqrt(K / (K - 1))). With K as small as 5, a percentile
+  interval of the resamples could never be wider than the windows' own spread (all 5 windows on
+  one side of zero happen by chance in 1 run of 16), and t's heavier tails account for the
+  standard error being estimated from K windows.
 
 Each metric has its own interval (at `level`) and verdict; the `verdict` of the whole canary is
 `worse` when one metric is worse at the Bonferroni-corrected level (1 - (1 - level) / metrics),
 `better` when none is worse and one is better at that level, else `no difference`.
+
+How much it can be trusted (tests/test_canary_trials.py; simulated clusters of two replicas, one
+per arm, linear cost model, about 3/4 of capacity): A/A canaries were called `no difference` in
+40 of 40 trials of 600 requests (16 s, 5 windows), 50 of 50 of 1,000 and 46 of 50 of 3,000 (82 s,
+about 18 windows); the per-metric 95% intervals held zero in 84% (p99 TTFT, 3,000 requests) to
+100% of the trials: a p99 from a few hundred requests per window is the least stable. A canary
+whose every step is 30% slower was called `worse` in 39 of 40 trials of 600 requests; 10% slower,
+in 10 of 10 of 3,000 and 6 of 40 of 600: a small effect needs a longer canary.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from .stats import BETTER, BOOTSTRAP_SEED, DEFAULT_LEVEL, NO_DIFFERENCE, WORSE, expanded_tail
+from .stats import BETTER, BOOTSTRAP_SEED, DEFAULT_LEVEL, NO_DIFFERENCE, WORSE, t_quantile
 
 CANARY_METRICS: tuple[tuple[str, str, str | float], ...] = (
     ("ttft_mean", "ttft", "mean"), ("ttft_p50", "ttft", 50.0), ("ttft_p90", "ttft", 90.0), ("ttft_p99", "ttft", 99.0),
@@ -116,9 +135,9 @@ def compare_arms(
     resamples: int = DEFAULT_RESAMPLES, seed: int = BOOTSTRAP_SEED,
 ) -> dict[str, Any]:
     """The comparison (see the module docstring) as a JSON-ready dict: `requests` per arm,
-    `windows`, `level`, `metrics` (key -> `baseline`, `canary`, `difference` {estimate, low,
-    high}, `relative` (difference / baseline), `verdict`) and the overall `verdict`. Either arm
-    without a completed request: every verdict is None."""
+    `windows` (K; `windows` sets it instead of the rule), `level`, `metrics` (key -> `baseline`,
+    `canary`, `difference` {estimate, low, high}, `relative` (difference / baseline), `verdict`)
+    and the overall `verdict`. Either arm without a completed request: every verdict is None."""
     n = len(baseline) + len(canary)
     out: dict[str, Any] = {"requests": {"baseline": len(baseline), "canary": len(canary)}, "level": level,
                            "metrics": {}, "verdict": None}
@@ -131,8 +150,8 @@ def compare_arms(
     width = span / k if span > 0 else 1.0
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
-    tail = expanded_tail(level, k)
-    strict = expanded_tail(1 - (1 - level) / len(CANARY_METRICS), k)
+    t_level = t_quantile(1 - (1 - level) / 2, k - 1)
+    t_strict = t_quantile(1 - (1 - level) / len(CANARY_METRICS) / 2, k - 1)
     worse = better = False
     for key, which, statistic in CANARY_METRICS:
         draws, estimates = [], []
@@ -149,8 +168,9 @@ def compare_arms(
         diff = draws[1] - draws[0]
         diff = diff[np.isfinite(diff)]
         estimate = estimates[1] - estimates[0]
-        low, high = (float(x) for x in np.quantile(diff, [tail / 2, 1 - tail / 2]))
-        s_low, s_high = (float(x) for x in np.quantile(diff, [strict / 2, 1 - strict / 2]))
+        se = float(diff.std(ddof=1)) * math.sqrt(k / (k - 1)) if diff.size > 1 else 0.0
+        low, high = estimate - t_level * se, estimate + t_level * se
+        s_low, s_high = estimate - t_strict * se, estimate + t_strict * se
         verdict = WORSE if low > 0 else BETTER if high < 0 else NO_DIFFERENCE
         worse |= s_low > 0
         better |= s_high < 0

@@ -1,0 +1,120 @@
+"""Can a canary's verdict be trusted? (issue 18: "a canary with a planted slower arm is called
+worse; an A/A canary is not, over repeated trials, as the offline A/A test", tests/test_ab_trials.py)
+
+Each trial is a simulated cluster of one pool of two replicas, one per arm, half the traffic each
+(the exact interleave), on its own draw of a small synthetic workload (600 requests, 16 s) under
+the linear cost model at about 3/4 of capacity: queueing, so the arms' latencies differ from
+request to request and window to window. The comparison is `results/canary.py`'s, the code
+`metroline canary-report` and a serving front use.
+
+- 30 A/A trials (both arms the same engine): the canary's verdict is `no difference` in at least
+  27 (90%, the offline test's bar).
+- 30 planted trials (the canary's every step 30% slower): `worse` in at least 27.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from metroline.core.cluster.simulation import run_cluster
+from metroline.core.cluster.spec import CANARY, ClusterSpec
+from metroline.core.config import EngineConfig
+from metroline.core.results.stats import NO_DIFFERENCE, WORSE
+from metroline.core.workloads.build import SyntheticSpec, Workload, generate
+from metroline.executors.cost_models import make_cost_model
+from metroline.executors.simulated import SimulatedExecutor
+
+TRIALS = 30
+SLOWDOWN = 1.30
+
+
+class SlowedCostModel:
+    """Every step `factor` times the step of `base`: the planted slower arm."""
+
+    name = "slowed"
+
+    def __init__(self, base, factor: float) -> None:
+        self.base, self.factor = base, factor
+
+    def step_time(self, plan) -> float:
+        return self.factor * self.base.step_time(plan)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "factor": self.factor, "base": self.base.describe()}
+
+
+def draw(seed: int) -> Workload:
+    spec = SyntheticSpec(
+        num_requests=600, rate=36.0,
+        prompt_len={"dist": "lognormal", "mean": 256, "sigma": 0.8, "max": 2048},
+        output_len={"dist": "lognormal", "mean": 32, "sigma": 0.8, "max": 256},
+        seed=seed,
+    )
+    return Workload("trial", generate(spec, namespace="canary-trials"))
+
+
+def canary(seed: int, slowdown: float) -> dict:
+    """The canary comparison of one trial: the canary arm `slowdown` times slower per step."""
+    spec = ClusterSpec.model_validate({"pools": {"p": {"replicas": 2, "canary": {
+        "replicas": 1, "percent": 50.0, "seed": seed * 37}}}})
+
+    def executor(plan):
+        cost = make_cost_model("linear")
+        return SimulatedExecutor(SlowedCostModel(cost, slowdown) if plan.arm == CANARY and slowdown != 1 else cost)
+
+    doc, _ = run_cluster(draw(seed), EngineConfig(max_num_seqs=16, num_blocks=1024), None, spec=spec,
+                         executor_of=executor)
+    comparison = doc["canary"]["p"]["comparison"]
+    assert comparison["requests"] == {"baseline": 300, "canary": 300}
+    return comparison
+
+
+@pytest.mark.slow
+def test_an_a_a_canary_is_not_called_different_in_at_least_27_of_30_trials():
+    results = [canary(seed, 1.0) for seed in range(TRIALS)]
+    same = sum(c["verdict"] == NO_DIFFERENCE for c in results)
+    print(f"A/A canary: no difference in {same} of {TRIALS} trials")
+    assert same >= 27
+    # the arms do differ, trial by trial: the verdicts are not trivially equal
+    assert all(c["metrics"]["ttft_mean"]["difference"]["estimate"] != 0 for c in results)
+
+
+@pytest.mark.slow
+def test_a_planted_thirty_percent_slower_canary_is_called_worse_in_at_least_27_of_30_trials():
+    results = [canary(seed, SLOWDOWN) for seed in range(TRIALS)]
+    worse = sum(c["verdict"] == WORSE for c in results)
+    print(f"slower canary: worse in {worse} of {TRIALS} trials")
+    assert worse >= 27
+    # every step is 30% slower, so is the canary's time per output token
+    assert all(c["metrics"]["tpot_mean"]["canary"] > 1.2 * c["metrics"]["tpot_mean"]["baseline"] for c in results)
+
+
+def test_an_arm_shifted_by_a_constant_is_worse_by_exactly_that_constant():
+    import random
+
+    from metroline.core.results.canary import ArmSamples, compare_arms
+
+    rng = random.Random(1)
+    rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(400)]
+    shifted = [(a, t + 0.05, p, e + 0.05) for a, t, p, e in rows]
+    c = compare_arms(ArmSamples(rows), ArmSamples(shifted))
+    for key in ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99"):
+        d = c["metrics"][key]["difference"]
+        assert d["estimate"] == pytest.approx(0.05) and d["low"] == pytest.approx(0.05), key  # every resample: +0.05
+        assert c["metrics"][key]["verdict"] == WORSE
+    for key in ("tpot_mean", "tpot_p50", "tpot_p99"):
+        assert c["metrics"][key]["difference"] == {"estimate": 0.0, "low": 0.0, "high": 0.0}
+        assert c["metrics"][key]["verdict"] == NO_DIFFERENCE
+    assert c["verdict"] == WORSE and c["requests"] == {"baseline": 400, "canary": 400}
+
+
+def test_windows_are_several_request_lifetimes_long():
+    import numpy as np
+
+    from metroline.core.results.canary import window_count
+
+    e2e = np.full(1000, 1.0)
+    assert window_count(100.0, e2e, 1000) == 25  # 100 s in windows of 4 lifetimes of 1 s
+    assert window_count(100.0, e2e, 200) == 10  # 20 requests a window on average
+    assert window_count(10.0, e2e, 1000) == 5  # never fewer than 5
+    assert window_count(1000.0, e2e, 100_000) == 40  # nor more than 40
