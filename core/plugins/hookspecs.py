@@ -232,8 +232,10 @@ def route(request: RouteRequest, replicas: tuple[ReplicaView, ...]) -> int | str
     Args:
         request: the arriving request (`RouteRequest`: `request_id`, `arrival_s`,
             `prompt_token_ids`, `prompt_len`, `max_new_tokens`, `tenant`, `priority`).
-        replicas: a read-only view of every replica, in index order (`ReplicaView`): `index`,
-            `name`, `pool`, `policy`, `num_waiting`, `num_running`, `kv_used_blocks`,
+        replicas: a read-only view of each replica the request may go to (`ReplicaView`): every
+            live replica, except that in a pool with a canary only the replicas of the
+            request's arm (`core/cluster/targets.py`); `index` is the view's place in this tuple.
+            Each has `name`, `pool`, `policy`, `num_waiting`, `num_running`, `kv_used_blocks`,
             `kv_free_blocks`, `outstanding_requests`, `outstanding_tokens` (prompt plus
             `max_new_tokens` of the requests routed there that have not ended) and
             `prefix_hit(request)`, the prompt tokens its prefix cache would serve (computed when
