@@ -29,6 +29,9 @@ class PoolState:
         "_index",
         "_children",
         "_num_used",
+        "_unindexed",
+        "_route_epoch",
+        "_route_memo",
     )
 
     _block_hash = staticmethod(hash)
@@ -63,3 +66,9 @@ class PoolState:
         # (parent_hash, extra_key, first token) -> indexed blocks, for token-granular matching.
         self._children: dict[tuple, set[int]] = {}
         self._num_used = 0
+        # `cached_blocks`' memo: chained hash -> the key its walks from the root reached there, valid
+        # while no block has left the index (`_unindexed` counts removals; the index only gains
+        # entries otherwise, never rebinds one, and an indexed block's key never changes).
+        self._unindexed = 0
+        self._route_epoch = 0
+        self._route_memo: dict[int, BlockKey] = {}

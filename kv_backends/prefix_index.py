@@ -77,31 +77,70 @@ class PrefixIndex(PoolState):
                     pos += best_len
         return PrefixHit(block_ids, pos)
 
-    def cached_blocks(self, chain: Sequence[tuple[int, tuple]]) -> int:
-        """How many leading full blocks of a prompt the index holds (no side effects), from the
-        prompt's block chain `[(chained hash, tokens), ...]` with no extra key (see
+    def cached_blocks(self, chain: Sequence[tuple[int, tuple]], at_least: int = 0) -> int:
+        """How many leading full blocks of a prompt the index holds (no side effects on the pool),
+        from the prompt's block chain `[(chained hash, tokens), ...]` with no extra key (see
         `block_chain`): the whole-block part of `lookup`, for callers that ask several pools about
         one prompt (a cluster's router) and hash it once. Blocks are found by chained hash and
         linked parent to child; the tokens of the last block found are verified (and, on a
         mismatch, those of its parents, in turn), which is enough to make a router's estimate; the
-        engine's own `lookup` verifies every block before it shares one."""
+        engine's own `lookup` verifies every block before it shares one.
+
+        `at_least`: the answer when it is at least that many blocks, else 0 (a caller that only
+        wants a hit longer than one it has: one probe when block `at_least` is not indexed).
+
+        The blocks that earlier calls found linked from the root are remembered (by chained hash,
+        until a block leaves the index), so a prefix that many prompts share is walked once: a
+        binary search over the chain finds how far the remembered blocks reach, and the walk goes
+        on from there. The answer is the plain walk's (given distinct prefixes hash apart, as the
+        walk itself assumes)."""
         if not self.enable_prefix_caching:
             return 0
-        index, keys = self._index, self._keys
-        parent: BlockKey | None = None
-        n = 0
-        for h, tokens in chain:
+        index = self._index
+        size = len(chain)
+        if at_least and (at_least > size or chain[at_least - 1][0] not in index):
+            return 0
+        memo = self._route_memo
+        if self._route_epoch != self._unindexed:
+            memo.clear()
+            self._route_epoch = self._unindexed
+        # The remembered blocks of this chain are a prefix of it: find its length.
+        # (Galloping back from the end, as most of a prompt is usually its shared part.)
+        lo = 0
+        if memo and size:
+            hi, step = size, 1  # hi: the least count known too long, once a probe has missed
+            while True:
+                if chain[hi - 1][0] in memo:
+                    lo = hi
+                    break
+                hi, step = hi - step, step << 1
+                if hi <= 0:
+                    break
+            # the count is in [lo, hi + step/2) now: binary search it
+            if lo < size:
+                hi = min(size, lo + (step >> 1)) - 1 if lo else min(size, step >> 1) - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) >> 1
+                    if chain[mid - 1][0] in memo:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+        n = lo
+        parent: BlockKey | None = memo[chain[n - 1][0]] if n else None
+        keys = self._keys
+        for i in range(n, size):
+            h = chain[i][0]
             b = index.get(h)
             if b is None:
                 break
             key = keys[b]
             if key.parent is not parent and not same_prefix(key.parent, parent):
                 break
-            parent = key
+            memo[h] = parent = key
             n += 1
         while parent is not None and (parent.tokens != chain[n - 1][1] or parent.extra_key is not None):
             parent, n = parent.parent, n - 1  # a hash collision: back to the last block that matches
-        return n
+        return n if n >= at_least else 0
 
     def cache_full_blocks(
         self,
@@ -198,6 +237,7 @@ class PrefixIndex(PoolState):
     def _unindex(self, b: int) -> None:
         key = self._keys[b]
         del self._index[key.hash]
+        self._unindexed += 1
         child_key = (None if key.parent is None else key.parent.hash, key.extra_key, key.tokens[0])
         children = self._children[child_key]
         children.discard(b)
@@ -209,11 +249,17 @@ class PrefixIndex(PoolState):
 def block_chain(token_ids: Sequence[int], block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
     """`[(chained hash, tokens), ...]` of the full blocks among the first `max_tokens` of
     `token_ids`, hashed as the pool hashes them with no extra key (`PrefixIndex.cached_blocks`)."""
-    chain = []
-    parent_hash = None
-    limit = min(len(token_ids), max_tokens)
-    for pos in range(0, limit - block_size + 1, block_size):
+    return extend_chain([], token_ids, block_size, min(len(token_ids), max_tokens))
+
+
+def extend_chain(chain: list[tuple[int, tuple]], token_ids: Sequence[int], block_size: int,
+                 stop: int) -> list[tuple[int, tuple]]:
+    """A new chain: `chain` (that of the first `len(chain)` full blocks of `token_ids`) and the
+    full blocks after it among the first `stop` tokens."""
+    out = list(chain)
+    parent_hash = chain[-1][0] if chain else None
+    for pos in range(len(chain) * block_size, stop - block_size + 1, block_size):
         tokens = tuple(token_ids[pos : pos + block_size])
         parent_hash = hash((parent_hash, tokens, None))
-        chain.append((parent_hash, tokens))
-    return chain
+        out.append((parent_hash, tokens))
+    return out

@@ -30,10 +30,16 @@ class RouteRequest:
 
     def block_chain(self, block_size: int) -> list[tuple[int, tuple]]:
         """The prompt's full blocks as `(chained hash, tokens)`, computed once (for the prefix
-        lookups of `ReplicaView.prefix_hit`); the last prompt token is never counted."""
+        lookups of `ReplicaView.prefix_hit`); the last prompt token is never counted. A prompt
+        that knows its chain (a workload item's `PromptTokens`, which shares the hashes of the
+        segments it has in common with other prompts) gives it; any other is hashed here."""
         chain = self._chain
         if chain is None or chain[0] != block_size:
-            chain = self._chain = (block_size, block_chain(self.prompt_token_ids, block_size, self.prompt_len - 1))
+            prompt = self.prompt_token_ids
+            known = getattr(prompt, "block_chain", None)
+            hashes = (known(block_size, self.prompt_len - 1) if known is not None
+                      else block_chain(prompt, block_size, self.prompt_len - 1))
+            chain = self._chain = (block_size, hashes)
         return chain[1]
 
     def __repr__(self) -> str:
@@ -100,6 +106,29 @@ class ReplicaView:
     def prefix_hit(self, request: RouteRequest) -> int:
         pool = self._engine.pool
         return pool.cached_blocks(request.block_chain(pool.block_size)) * pool.block_size
+
+    def prefix_hit_at_least(self, request: RouteRequest, tokens: int) -> int:
+        """`prefix_hit(request)` when it is at least `tokens`, else 0: for a router that only
+        wants a longer hit than one it has (on a replica's own pool, one probe when the block
+        that would make it longer is not cached). A subclass that defines its own `prefix_hit`
+        gets `_prefix_hit_at_least`, which asks it."""
+        pool = self._engine.pool
+        bs = pool.block_size
+        chain = request._chain
+        hashes = chain[1] if chain is not None and chain[0] == bs else request.block_chain(bs)
+        need = -(-tokens // bs)
+        if need and (need > len(hashes) or hashes[need - 1][0] not in pool._index):
+            return 0  # (cached_blocks' first probe, without the call: most replicas end here)
+        return pool.cached_blocks(hashes, need) * bs
+
+    def _prefix_hit_at_least(self, request: RouteRequest, tokens: int) -> int:
+        hit = self.prefix_hit(request)
+        return hit if hit >= tokens else 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "prefix_hit" in cls.__dict__ and "prefix_hit_at_least" not in cls.__dict__:
+            cls.prefix_hit_at_least = ReplicaView._prefix_hit_at_least
 
     @staticmethod
     def of(index: int, *, name: str | None = None, pool: str = "default", policy: str = "fcfs",

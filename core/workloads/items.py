@@ -9,8 +9,11 @@ lazily, when a request is submitted.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+from ...kv_backends.prefix_index import block_chain, extend_chain
 
 from ..requests.request import Request
 from .token_streams import segment_bytes
@@ -51,7 +54,7 @@ class WorkloadItem:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         raw = b"".join(segment_bytes(key, length, vocab_size) for key, length in self.segments)
-        return array("H", raw).tolist()
+        return PromptTokens(array("H", raw).tolist(), self.segments, vocab_size)
 
     def request_data(self, request_id: str, *, vocab_size: int = 32000, oracle: bool = False) -> dict[str, Any]:
         """The fields of a greedy `Request` that generates exactly `output_len` tokens (EOS
@@ -71,6 +74,87 @@ class WorkloadItem:
     def to_request(self, request_id: str, *, vocab_size: int = 32000, oracle: bool = False) -> Request:
         """The validated `Request` of `request_data`."""
         return Request.model_validate(self.request_data(request_id, vocab_size=vocab_size, oracle=oracle))
+
+
+_SEGMENT_CHAINS: OrderedDict[tuple, list] = OrderedDict()
+"""(vocab_size, block_size, leading segments) -> the block chain of their tokens (full blocks), for
+the prompts that begin with them; the most recently used `_SEGMENT_CHAINS_MAX`."""
+_SEGMENT_CHAINS_MAX = 128
+
+
+class PromptTokens(list):
+    """A prompt's token ids (a plain list to every reader) that knows the segments it was made
+    of, so that its block chain (the chained block hashes a router's prefix lookups need,
+    `RouteRequest.block_chain`) reuses the hashes of the leading segments other prompts share, as
+    vLLM hashes a request's blocks once, at arrival. Changed in place, it forgets its segments
+    (`segments` becomes None) and is hashed as it is."""
+
+    __slots__ = ("_chain", "segments", "vocab_size")
+
+    def __init__(self, tokens: list[int], segments: tuple[tuple[object, int], ...], vocab_size: int) -> None:
+        super().__init__(tokens)
+        self.segments = segments
+        self.vocab_size = vocab_size
+        self._chain: tuple[int, int, list] | None = None
+
+    def block_chain(self, block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
+        """`block_chain(self, block_size, max_tokens)`, from the remembered chains of its leading
+        segments (computed once per prompt and block size)."""
+        cached = self._chain
+        if cached is not None and cached[0] == block_size and cached[1] == max_tokens:
+            return cached[2]
+        segments = self.segments
+        size = len(self)
+        total = 0
+        for _, length in segments or ():
+            total += length
+        if segments is None or total != size:
+            return block_chain(self, block_size, max_tokens)  # changed in place: hash what is there
+        chains = _SEGMENT_CHAINS
+        chain: list = []
+        start = 0
+        for j in range(len(segments) - 1, 0, -1):
+            key = (self.vocab_size, block_size, segments[:j])
+            known = chains.get(key)
+            if known is not None:
+                chains.move_to_end(key)
+                chain, start = known, j
+                break
+        end = 0
+        for _, length in segments[:start]:
+            end += length
+        limit = min(size, max_tokens)
+        last = len(segments) - 1
+        for j in range(start, len(segments)):
+            end += segments[j][1]
+            chain = extend_chain(chain, self, block_size, min(end, limit) if j == last else end)
+            if j < last:
+                chains[(self.vocab_size, block_size, segments[: j + 1])] = chain
+                if len(chains) > _SEGMENT_CHAINS_MAX:
+                    chains.popitem(last=False)
+        if len(chain) > limit // block_size:
+            chain = chain[: limit // block_size]
+        self._chain = (block_size, max_tokens, chain)
+        return chain
+
+    def _changed(self) -> None:
+        self.segments = self._chain = None
+
+
+def _forgetting(name: str) -> Any:
+    method = getattr(list, name)
+
+    def changed(self: PromptTokens, *args: Any, **kwargs: Any) -> Any:
+        self._changed()
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+              "remove", "reverse", "sort", "clear"):
+    setattr(PromptTokens, _name, _forgetting(_name))
 
 
 @dataclass

@@ -26,12 +26,16 @@ class PrefixAwareRouter:
         loads = [r.outstanding_requests for r in replicas]
         least = min(range(len(replicas)), key=loads.__getitem__)
         bound = loads[least] + self.load_bound
-        best, best_hit = least, 0
+        best, best_hit, best_load = least, 0, loads[least]
         for r in replicas:
             i = r.index
-            if loads[i] > bound:
+            load = loads[i]
+            if load > bound:
                 continue
-            hit = r.prefix_hit(request)
-            if hit > best_hit or (hit == best_hit and hit and loads[i] < loads[best]):
-                best, best_hit = i, hit
+            # The hit that would take the request from the best so far (a tie needs a lower load):
+            # a view answers 0 below it, often after one probe.
+            need = 1 if not best_hit else best_hit if load < best_load else best_hit + 1
+            hit = r.prefix_hit_at_least(request, need)
+            if hit > best_hit or (hit == best_hit and hit and load < best_load):
+                best, best_hit, best_load = i, hit, load
         return best
