@@ -65,9 +65,11 @@ class ReplicaView:
     `kv_used_blocks`, `kv_free_blocks`, `outstanding_requests` and `outstanding_tokens` (prompt
     plus `max_new_tokens` of the requests routed there that have not ended) are read from the
     replica; `prefix_hit(request)` is how many of the request's prompt tokens the replica's prefix
-    cache holds now, in whole blocks (without a cache salt; computed only when asked: one dict
-    probe per block, the prompt hashed once per request). `ReplicaView.of(...)` builds one for a
-    test or a bench from plain numbers."""
+    cache holds now, in whole blocks (without a cache salt; computed only when asked: the prompt
+    hashed once per request, the blocks probed from the root, those that earlier lookups found
+    remembered by the pool); `prefix_hit_at_least(request, tokens)` is the same when at least
+    `tokens`, else 0 (one probe when it is not). `ReplicaView.of(...)` builds one for a test or a
+    bench from plain numbers."""
 
     __slots__ = ("_engine", "_outstanding", "index", "name", "policy", "pool")
 
