@@ -108,6 +108,25 @@ def test_an_arm_shifted_by_a_constant_is_worse_by_exactly_that_constant():
     assert c["verdict"] == WORSE and c["requests"] == {"baseline": 400, "canary": 400}
 
 
+def test_a_canary_that_trades_a_worse_ttft_for_a_better_tpot_is_never_called_better():
+    import random
+
+    from metroline.core.results.canary import ArmSamples, compare_arms
+
+    traded = 0
+    for seed in range(30):
+        rng = random.Random(seed)
+        rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(400)]
+        canary = [(a, t + rng.uniform(-0.04, 0.05), p * 0.5, e) for a, t, p, e in rows]  # TTFT +5 ms, TPOT halved
+        c = compare_arms(ArmSamples(rows), ArmSamples(canary))
+        per_metric = {k: m["verdict"] for k, m in c["metrics"].items()}
+        assert per_metric["tpot_mean"] == "better"
+        if WORSE in per_metric.values():
+            assert c["verdict"] in (WORSE, NO_DIFFERENCE), (seed, per_metric)
+            traded += c["verdict"] == NO_DIFFERENCE
+    assert traded >= 1  # the case arose: worse at 95% alone, better at the whole-canary level
+
+
 def test_windows_are_several_request_lifetimes_long():
     import numpy as np
 

@@ -43,7 +43,8 @@ def test_plan_gives_each_replica_its_pool_and_arm_config():
 @pytest.mark.parametrize("table,message", [
     ({"pools": {"a": {"replicas": 2, "config": {"max_num_seqs": 0}}}},
      "cluster.pools.a.config: max_num_seqs: input should be greater than or equal to 1"),
-    ({"pools": {"a": {"replicas": 2, "config": {"max_num_seq": 4}}}}, "cluster.pools.a.config: max_num_seq: unknown key"),
+    ({"pools": {"a": {"replicas": 2, "config": {"max_num_seq": 4}}}},
+     "cluster.pools.a.config: max_num_seq: unknown key"),
     ({"pools": {"a": {"replicas": 1, "canary": {"percent": 10.0}}}},
      "canary: replicas (1) must leave the baseline at least one of the pool's 1"),
     ({"pools": {"a": {"replicas": 2, "canary": {"percent": 10.0, "tenants": ["x"]}}}},
@@ -138,7 +139,7 @@ def test_run_with_a_cluster_table_and_canary_report(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["canary-report", str(out), "--fail-on-worse"]) == 1
     text = capsys.readouterr().out
-    assert "canary online (fcfs -> fcfs)" in text and "verdict worse" in text
+    assert "canary online (fcfs -> fcfs; max_num_seqs 256 -> 2)" in text and "verdict worse" in text
     assert cli.main(["canary-report", str(out)]) == 0
 
 

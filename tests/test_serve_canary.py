@@ -87,7 +87,7 @@ def test_a_planted_slower_canary_is_called_worse(canary_front, capsys):
     assert comparison["verdict"] == "worse" and ttft["verdict"] == "worse"
     capsys.readouterr()
     assert cli.main(["canary-report", url, "--fail-on-worse"]) == 1
-    assert "canary online (fcfs -> fcfs)" in capsys.readouterr().out
+    assert "canary online (fcfs -> fcfs; max_num_seqs 256 -> 1)" in capsys.readouterr().out
 
 
 def test_no_canary_is_a_404(tmp_path):

@@ -30,7 +30,7 @@ from ..results.summaries import summarize
 from ..step.engine import Engine
 from ..workloads.build import Workload
 from .router import Router, make_router
-from .spec import BASELINE, CANARY, DEFAULT_ROUTER, ClusterSpec, PoolSpec, ReplicaPlan
+from .spec import BASELINE, CANARY, DEFAULT_ROUTER, ClusterSpec, PoolSpec, ReplicaPlan, config_changes
 from .targets import RouteTargets, replica_view
 from .view import Outstanding, Refuse, RouteRequest
 
@@ -319,6 +319,7 @@ def cluster_document(reps: list[Replica], refused: MetricsCollector, workload: W
             doc["canary"][pool] = {
                 "policy": {arm: next(r.plan.policy for r in reps if r.plan.pool == pool and r.plan.arm == arm)
                            for arm in arms},
+                "changes": config_changes(arms[BASELINE][0].config, arms[CANARY][0].config),
                 "summary": {arm: _summary(es, arrivals, measure, **kw) for arm, es in arms.items()},
                 "comparison": compare_arms(samples[BASELINE], samples[CANARY]),
             }

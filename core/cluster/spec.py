@@ -163,6 +163,13 @@ class ReplicaPlan:
         return f"ReplicaPlan({self.name!r}, pool={self.pool!r}, arm={self.arm!r}, policy={self.policy!r})"
 
 
+def config_changes(baseline: EngineConfig, canary: EngineConfig) -> dict[str, list[Any]]:
+    """field -> [baseline's value, canary's value] of the `EngineConfig` fields the two arms set
+    differently, policy and plugins left out (the arms' stacks name them)."""
+    a, b = baseline.model_dump(mode="json"), canary.model_dump(mode="json")
+    return {k: [a[k], b[k]] for k in a if a[k] != b[k] and k not in ("policy", "plugins")}
+
+
 def _engine_config(config: EngineConfig, spec: PoolSpec | CanarySpec, where: str) -> EngineConfig:
     fields = {**config.model_dump(), **spec.config}
     for key in ("policy", "plugins", "plugin_options"):
@@ -241,5 +248,5 @@ def parse_router_options(items: list[str] | None) -> dict[str, Any]:
 
 __all__ = [
     "BASELINE", "CANARY", "DEFAULT_POOL", "DEFAULT_ROUTER", "CanarySpec", "ClusterSpec", "PoolSpec", "ReplicaPlan",
-    "cluster_spec", "parse_pools", "parse_router_options",
+    "cluster_spec", "config_changes", "parse_pools", "parse_router_options",
 ]

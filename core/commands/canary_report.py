@@ -55,8 +55,15 @@ def canary_comparisons(data: dict[str, Any], *, level: float = 0.95) -> dict[str
                              f"{entry['comparison']['level']}; rerun with a serving front's rows to change it")
         else:
             comparison = entry["comparison"]
-        out[pool] = {"policy": entry.get("policy", {}), "comparison": comparison}
+        out[pool] = {"policy": entry.get("policy", {}), "changes": entry.get("changes", {}), "comparison": comparison}
     return out
+
+
+def canary_name(pool: str, entry: dict[str, Any]) -> str:
+    """`pool (baseline stack -> canary stack; field a -> b, ...)`: what differs between the arms."""
+    policy = entry.get("policy") or {}
+    changes = "".join(f"; {k} {a} -> {b}" for k, (a, b) in (entry.get("changes") or {}).items())
+    return f"{pool} ({policy.get('baseline', '?')} -> {policy.get('canary', '?')}{changes})"
 
 
 def cmd_canary_report(args: argparse.Namespace) -> int:
@@ -69,9 +76,7 @@ def cmd_canary_report(args: argparse.Namespace) -> int:
         raise ValueError(f"--level: must be between 0 and 1, got {args.level}")
     comparisons = canary_comparisons(canary_source(args.source), level=args.level)
     for pool, entry in comparisons.items():
-        policy = entry["policy"]
-        name = f"{pool} ({policy.get('baseline', '?')} -> {policy.get('canary', '?')})"
-        print(format_canary(name, entry["comparison"]), end="")
+        print(format_canary(canary_name(pool, entry), entry["comparison"]), end="")
     if args.json:
         write_json(args.json, {"canary": comparisons})
     worse = any(e["comparison"]["verdict"] == "worse" for e in comparisons.values())

@@ -48,6 +48,7 @@ def run_cluster_command(args: argparse.Namespace, config: Any, run: dict[str, An
 def format_cluster(doc: dict[str, Any]) -> str:
     """The cluster's lines under the summary table: the router, one line per replica, each canary."""
     from ..results.canary import format_canary
+    from .canary_report import canary_name
 
     c = doc["cluster"]
     lines = [f"cluster: {c['replicas']} replicas, router {c['router']}, {c['refused']} refused by the router"]
@@ -62,6 +63,5 @@ def format_cluster(doc: dict[str, Any]) -> str:
             f"{'-' if hit is None else f'{hit:.1%}'}")
     text = "\n".join(lines) + "\n"
     for pool, canary in (doc.get("canary") or {}).items():
-        policy = canary["policy"]
-        text += format_canary(f"{pool} ({policy['baseline']} -> {policy['canary']})", canary["comparison"])
+        text += format_canary(canary_name(pool, canary), canary["comparison"])
     return text

@@ -23,7 +23,8 @@ resampling is a *time window* instead (a block bootstrap):
 
 Each metric has its own interval (at `level`) and verdict; the `verdict` of the whole canary is
 `worse` when one metric is worse at the Bonferroni-corrected level (1 - (1 - level) / metrics),
-`better` when none is worse and one is better at that level, else `no difference`.
+`better` when one is better at that level and none is worse even at `level` (a canary that trades
+a worse TTFT for a better TPOT is not called better), else `no difference`.
 
 How much it can be trusted (tests/test_canary_trials.py; simulated clusters of two replicas, one
 per arm, linear cost model, about 3/4 of capacity): A/A canaries were called `no difference` in
@@ -152,7 +153,7 @@ def compare_arms(
     counts = rng.multinomial(k, np.full(k, 1.0 / k), size=resamples)
     t_level = t_quantile(1 - (1 - level) / 2, k - 1)
     t_strict = t_quantile(1 - (1 - level) / len(CANARY_METRICS) / 2, k - 1)
-    worse = better = False
+    worse = better = any_worse = False
     for key, which, statistic in CANARY_METRICS:
         draws, estimates = [], []
         for arm in (baseline, canary):
@@ -174,6 +175,7 @@ def compare_arms(
         verdict = WORSE if low > 0 else BETTER if high < 0 else NO_DIFFERENCE
         worse |= s_low > 0
         better |= s_high < 0
+        any_worse |= low > 0
         base = estimates[0]
         out["metrics"][key] = {
             "baseline": estimates[0], "canary": estimates[1],
@@ -182,7 +184,7 @@ def compare_arms(
             "verdict": verdict,
         }
     out["windows"] = k
-    out["verdict"] = WORSE if worse else BETTER if better else NO_DIFFERENCE
+    out["verdict"] = WORSE if worse else BETTER if better and not any_worse else NO_DIFFERENCE
     return out
 
 

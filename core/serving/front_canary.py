@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from ..cluster.spec import BASELINE, CANARY, ClusterSpec, ReplicaPlan
+from ..cluster.spec import BASELINE, CANARY, ClusterSpec, ReplicaPlan, config_changes
 from ..cluster.targets import ArmSplit
 from ..cluster.view import RouteRequest
 from ..results.canary import compare_arms, samples_of_rows
@@ -40,6 +40,9 @@ class FrontCanary:
         self.pool_of = [plan.pool for plan in plans]
         self.policy = {pool: {arm: next(p.policy for p in plans if p.pool == pool and p.arm == arm)
                               for arm in (BASELINE, CANARY)} for pool, _ in self.splits}
+        self.changes = {pool: config_changes(next(p.config for p in plans if p.pool == pool and p.arm == BASELINE),
+                                             next(p.config for p in plans if p.pool == pool and p.arm == CANARY))
+                        for pool, _ in self.splits}
         self.rows: dict[str, dict[str, deque]] = {
             pool: {BASELINE: deque(maxlen=MAX_ROWS), CANARY: deque(maxlen=MAX_ROWS)} for pool, _ in self.splits}
         self.started = time.monotonic()
@@ -89,7 +92,7 @@ class FrontCanary:
         for pool, arms in self.rows.items():
             rows = {arm: [list(r) for r in arms[arm]] for arm in (BASELINE, CANARY)}
             pools[pool] = {
-                "policy": self.policy[pool], "rows": rows,
+                "policy": self.policy[pool], "changes": self.changes[pool], "rows": rows,
                 "comparison": compare_arms(samples_of_rows(rows[BASELINE]), samples_of_rows(rows[CANARY])),
             }
         return {"kind": "metroline.canary", "pools": pools}
