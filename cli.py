@@ -27,7 +27,6 @@ from .core.commands.flags import (
     ray_flag,
     run_flags,
     serve_flags,
-    serve_replica_flags,
     slo_flag,
     sweep_flags,
 )
@@ -100,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
     engine_flags(serve)
     serve_flags(serve)
-    serve_replica_flags(serve)
+    cluster_flags(serve, serving=True)
     canary = sub.add_parser("canary-report", help="a canary's arms compared: TTFT/TPOT percentiles with intervals "
                             "and a verdict, from a serving front or a run's result document")
     canary.add_argument("source", metavar="SOURCE", help="http://HOST:PORT of `serve --replicas` (its /v1/canary), "

@@ -15,6 +15,7 @@ request to request and window to window. The comparison is `results/canary.py`'s
 from __future__ import annotations
 
 import pytest
+from test_ab_trials import SlowedCostModel  # every step `factor` times slower: the planted arm
 
 from metroline.core.cluster.simulation import run_cluster
 from metroline.core.cluster.spec import CANARY, ClusterSpec
@@ -26,21 +27,6 @@ from metroline.executors.simulated import SimulatedExecutor
 
 TRIALS = 30
 SLOWDOWN = 1.30
-
-
-class SlowedCostModel:
-    """Every step `factor` times the step of `base`: the planted slower arm."""
-
-    name = "slowed"
-
-    def __init__(self, base, factor: float) -> None:
-        self.base, self.factor = base, factor
-
-    def step_time(self, plan) -> float:
-        return self.factor * self.base.step_time(plan)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "factor": self.factor, "base": self.base.describe()}
 
 
 def draw(seed: int) -> Workload:

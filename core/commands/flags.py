@@ -161,10 +161,17 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    "into DIR (needs matplotlib: the report extra; default: none)")
 
 
-def cluster_flags(p: argparse.ArgumentParser) -> None:
-    """The simulated cluster's flags of `run` (`core/cluster/`)."""
-    p.add_argument("--replicas", type=int, metavar="N",
-                   help="simulate N engines behind a router on one virtual clock (default: one engine, no router)")
+def cluster_flags(p: argparse.ArgumentParser, serving: bool = False) -> None:
+    """The cluster's flags: of `run` and `compare` (simulated, `core/cluster/`), or with `serving`
+    of `serve` (replica servers behind one front, `core/serving/front.py`); a `[cluster]` table in
+    the config file says the same, the flags over it."""
+    if serving:
+        p.add_argument("--replicas", type=int, metavar="N",
+                       help="serve N replica servers, each its own process and engine, behind a front that "
+                       "routes every request (default: one engine, no front)")
+    else:
+        p.add_argument("--replicas", type=int, metavar="N",
+                       help="simulate N engines behind a router on one virtual clock (default: one engine, no router)")
     p.add_argument("--pools", metavar="POOL=N,...",
                    help="replicas by pool instead of --replicas, e.g. short=3,long=1 (default: one pool)")
     p.add_argument("--router", metavar="NAME",
@@ -173,25 +180,10 @@ def cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-option", action="append", default=None, metavar="KEY=VALUE",
                    help="an option of the router (repeatable; an int or float when it parses as one), e.g. "
                    "threshold=2048 (default: none)")
-
-
-def serve_replica_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of `serve` that put several replica servers behind one front (`core/serving/front.py`):
-    the names of `run`'s simulated cluster."""
-    p.add_argument("--replicas", type=int, metavar="N",
-                   help="serve N replica servers, each its own process and engine, behind a front that "
-                   "routes every request (default: one engine, no front)")
-    p.add_argument("--pools", metavar="POOL=N,...",
-                   help="replicas by pool instead of --replicas, e.g. short=3,long=1 (default: one pool)")
-    p.add_argument("--router", metavar="NAME",
-                   help="the route plugin: round_robin, least_outstanding_tokens, power_of_two, prefix_aware, "
-                   "length_pools, an entry point or pkg.mod:Obj (default round_robin)")
-    p.add_argument("--router-option", action="append", default=None, metavar="KEY=VALUE",
-                   help="an option of the router (repeatable; an int or float when it parses as one), e.g. "
-                   "threshold=2048 (default: none)")
-    p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="the replicas as Ray actors instead of local processes: on the cluster at ADDRESS, or "
-                   "without one the cluster $RAY_ADDRESS names, else a new local one (default: local processes)")
+    if serving:
+        p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                       help="the replicas as Ray actors instead of local processes: on the cluster at ADDRESS, or "
+                       "without one the cluster $RAY_ADDRESS names, else a new local one (default: local processes)")
 
 
 def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
