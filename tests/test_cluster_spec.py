@@ -169,3 +169,10 @@ def test_compare_routers_over_seeds_gives_verdicts(tmp_path):
 
 def test_compare_refuses_routers_and_several_policies():
     assert cli.main(["compare", "--routers", "round_robin", "--policies", "fcfs,srpt", "--replicas", "2"]) == 2
+
+
+def test_sweep_refuses_a_cluster_table_instead_of_ignoring_it(tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text("[cluster]\nreplicas = 2\n")
+    assert cli.main(["sweep", "--config", str(config), "--rates", "1", "--slo", "ttft=1", "--max-requests", "10"]) == 2
+    assert "cluster: sweep runs one engine per rate" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from typing import Any
 
 from .compare import policy_configs, refuse_run_flags
 from .logs import log_to_stderr
-from .options import check_output_paths, make_executor, make_workload, resolve_options
+from .options import check_output_paths, cluster_options, make_executor, make_workload, resolve_options
 from .outputs import check_report_folder, manifest_for, warn
 
 
@@ -74,6 +74,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     refuse_run_flags(args)
     config, run = resolve_options(args)
+    if cluster_options(args) is not None:
+        raise ValueError(f"{args.config}: cluster: sweep runs one engine per rate; a cluster runs under "
+                         "`metroline run` and `compare` (remove the [cluster] table for the sweep)")
     if config.debug:
         log_to_stderr()
     check_output_paths(args)
