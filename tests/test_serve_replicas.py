@@ -259,6 +259,13 @@ def test_a_torch_replica_killed_mid_stream_fails_only_its_requests(tmp_path):
         for p in prompts[:3]:  # new requests: all to the survivor, all served
             r = httpx.post(url, json={"prompt": p, "max_tokens": 8, "temperature": 0}, timeout=60)
             assert (r.status_code, r.headers[REPLICA_HEADER]) == (200, "r0")
+        openai = pytest.importorskip("openai")  # the official client streams through the front, from the survivor
+        client = openai.OpenAI(base_url=front.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        chunks = list(client.completions.create(model=str(tmp_path / "tiny"), prompt=prompts[4], max_tokens=8,
+                                                temperature=0, stream=True))
+        greedy = Engine(EngineConfig(), TorchExecutor(model)).generate([Request(
+            request_id="g", prompt_token_ids=prompts[4], sampling=SamplingParams(max_new_tokens=8, temperature=0.0))])
+        assert ids("".join(c.choices[0].text for c in chunks if c.choices)) == greedy["g"][0].output_token_ids
         m = metrics(front.url)
         assert m[("metroline_front_requests_failed_total", (("pool", "default"), ("replica", "r1")))] == 3
         assert m[("metroline_front_replica_up", (("pool", "default"), ("replica", "r1")))] == 0
