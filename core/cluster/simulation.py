@@ -30,7 +30,7 @@ from ..results.summaries import summarize
 from ..step.engine import Engine
 from ..workloads.build import Workload
 from .router import Router, make_router
-from .spec import BASELINE, CANARY, DEFAULT_ROUTER, ClusterSpec, PoolSpec, ReplicaPlan, config_changes
+from .spec import BASELINE, CANARY, DEFAULT_ROUTER, ClusterSpec, ReplicaPlan, cluster_spec, config_changes
 from .targets import RouteTargets, replica_view
 from .view import Outstanding, Refuse, RouteRequest
 
@@ -54,16 +54,9 @@ class Replica:
 def spec_of(replicas: int = 1, pools: dict[str, int] | None = None, router: str = DEFAULT_ROUTER,
             router_options: dict[str, Any] | None = None) -> ClusterSpec:
     """The `ClusterSpec` of `replicas` in one pool, or of `pools` (pool -> count), every replica
-    with the top-level engine."""
-    if pools:
-        for pool, count in pools.items():
-            if count < 1:
-                raise ValueError(f"pool {pool!r}: replicas must be >= 1, got {count}")
-        return ClusterSpec(pools={p: PoolSpec(replicas=n) for p, n in pools.items()}, router=router,
-                           router_options=dict(router_options or {}))
-    if replicas < 1:
-        raise ValueError(f"replicas must be >= 1, got {replicas}")
-    return ClusterSpec(replicas=replicas, router=router, router_options=dict(router_options or {}))
+    with the top-level engine (`spec.cluster_spec`, as the flags give them)."""
+    return cluster_spec(None, replicas=None if pools else replicas, pools=pools, router=router,
+                        router_options=router_options)
 
 
 def run_cluster(
@@ -245,9 +238,6 @@ class PooledEngines:
                 continue
         raise KeyError(request_id)
 
-    def close(self) -> None:
-        for e in self.engines:
-            e.close()
 
 
 def _pooled(engines: list[Engine], extra: MetricsCollector | None = None) -> SimpleNamespace:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..cluster.spec import parse_pools, parse_router_options  # noqa: F401 - the flags' parsers, here too
-
 REFUSED_WITH_REPLICAS = ("outputs", "report", "steps_csv")
 
 

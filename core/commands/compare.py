@@ -141,7 +141,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.policies is not None and len(args.policies.split(",")) > 1:
             raise ValueError("--routers: compare routers or policies, not both (give --policies one policy, or none "
                              "for the config's)")
-        _, (base_config,) = policy_configs(args.policies or "+".join([config.policy]), config)
+        _, (base_config,) = policy_configs(args.policies or config.policy, config)
         labels, specs = router_specs(args.routers, spec)
         configs = [base_config] * len(labels)
     else:

@@ -171,14 +171,13 @@ class Front:
         request = self._route_request(body, chat, tenant)
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
-        arms = self.canary.arms(request) if self.canary is not None and self.canary.active else None
+        arms = self.canary.arms(request) if self.canary is not None else None
         while True:
             live = self.live()
             if arms is not None:  # a canary pool shows the request only its arm's replicas
                 live = tuple(v for v in live if self.canary.allows(v.slot, arms))
-                for i, v in enumerate(live):
+                for i, v in enumerate(live):  # (every request of a cluster with a canary comes here)
                     v.index = i
-                self._live = None  # the indexes of the cached tuple were changed
             if not live:
                 self.metrics.refused.labels("no_replica").inc()
                 return error(503, "no replica is up", "server_error")
@@ -283,7 +282,7 @@ class Front:
     async def canary_report(self, http: HTTPRequest) -> Response:
         """`GET /v1/canary`: each canary pool's arms, their rows and their comparison
         (`front_canary.py`); 404 without a canary."""
-        if self.canary is None or not self.canary.active:
+        if self.canary is None:
             return error(404, "no pool of this cluster has a canary ([cluster.pools.NAME.canary])",
                          "invalid_request_error")
         return JSONResponse(await asyncio.to_thread(self.canary.report))

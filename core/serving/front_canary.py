@@ -57,10 +57,6 @@ class FrontCanary:
                 self.ttft.labels(pool, arm)
                 self.tpot.labels(pool, arm)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.splits)
-
     def arms(self, request: RouteRequest) -> dict[str, str]:
         """pool -> the request's arm there, for every canary pool (called once per request)."""
         return {pool: split(request) for pool, split in self.splits}
