@@ -13,7 +13,7 @@ module lists is a contract:
 `docs/api_surface.txt` is a snapshot of that surface, one line per name (`surface_lines`); a test
 fails when the code's surface differs from it, and when a name that differs from the last
 release's (`docs/api_surface.released.txt`) is not in CHANGELOG.md's Unreleased section. A name
-is never removed outright: it is deprecated first (`core/deprecations.py`) and keeps working,
+is never removed outright: it is deprecated first (`metroline.core.plugins.deprecations`) and keeps working,
 with a `MetrolineDeprecationWarning`, for at least one minor version.
 
 After changing the surface on purpose, write the snapshot again and say what changed in

@@ -129,7 +129,7 @@ class EngineConfig(BaseModel):
     def options_for(self, *names: str) -> dict[str, Any]:
         """The raw options table given to a plugin under one of its `names` (its name, then its
         spec); an empty dict when none has one. The plugin manager validates it against the
-        plugin's `Options` model, if it declares one (`core/plugin_options.py`). Tables under two
+        plugin's `Options` model, if it declares one (`metroline.core.plugins.options`). Tables under two
         of the names are an error (one would be ignored)."""
         given = [name for name in dict.fromkeys(names) if self.plugin_options.get(name)]
         if len(given) > 1:
@@ -198,7 +198,7 @@ class RunOptions(BaseModel):
     window: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     warmup: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     horizon: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    resample: str = "redraw"  # how a trace is redrawn for a seed (core/resample.py)
+    resample: str = "redraw"  # how a trace is redrawn for a seed (`metroline.core.workloads.resample`)
     # a real executor's (`--executor torch`)
     model: str | None = None
     dtype: str | None = None

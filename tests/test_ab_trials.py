@@ -9,7 +9,7 @@ Each trial pairs SEEDS = 10 draws of a small synthetic workload (so the whole fi
 seconds), under the linear cost model at about 3/4 of capacity (queueing, so the draws differ a
 lot from each other). The metric is each run's mean end-to-end latency, as `metroline compare
 --seeds` computes it. With 8 seeds, on similar runs (mean output 64 tokens, 200 A/A trials), the
-intervals held zero in 90.5% of trials (see core/stats.py on few values), which makes 45 of 50
+intervals held zero in 90.5% of trials (see `metroline.core.results.stats` on few values), which makes 45 of 50
 a coin toss; with 10 seeds, 94%: 10 seeds are what a comparison should use.
 """
 

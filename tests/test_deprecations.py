@@ -1,4 +1,4 @@
-"""Deprecation, not breakage (core/deprecations.py): a plugin written against an old spelling of the
+"""Deprecation, not breakage (`metroline.core.plugins.deprecations`): a plugin written against an old spelling of the
 plugin API runs unchanged, with one `MetrolineDeprecationWarning` per plugin and name that names
 the new spelling.
 

@@ -1,4 +1,4 @@
-"""The step protocol of `core/hookspecs.py` holds: every hook call of every step, recorded over
+"""The step protocol of `metroline.core.plugins.hookspecs` holds: every hook call of every step, recorded over
 runs with preemption (recompute and swap), parallel sampling, empty steps, an abort, a rescue and
 stacked wrappers, follows the order the module docstring lists (`hookspecs.STEP_PROTOCOL`, parsed
 from it, so the documentation cannot drift from what the tests check). Wrappers see the same

@@ -1,4 +1,4 @@
-"""core/horizon.py and the runner's measurement window: warm-up exclusion, a horizon that stops the
+"""`metroline.core.results.horizon` and the runner's measurement window: warm-up exclusion, a horizon that stops the
 replay and counts unfinished requests (censored latencies: no survivor bias)."""
 
 from __future__ import annotations

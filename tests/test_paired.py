@@ -1,4 +1,4 @@
-"""core/paired.py: the comparison document and table of `metroline compare --seeds`."""
+"""`metroline.core.results.paired`: the comparison document and table of `metroline compare --seeds`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plugin options declared in one place (`core/plugin_options.py`): every shipped plugin declares an
+"""Plugin options declared in one place (`metroline.core.plugins.options`): every shipped plugin declares an
 `Options` model; a value past one of its declared limits, an unknown key, or a bad value given to the
 class directly is refused in the one format `plugin 'NAME': option 'FIELD': PROBLEM (got VALUE)`; a
 user plugin without a model still gets its raw table; `metroline plugins` lists every option.

@@ -1,4 +1,4 @@
-"""The core's progress guarantee (DESIGN.md, "One step"): whenever the oldest unfinished request fits
+"""The core's progress guarantee (docs/architecture.md, "The progress guarantee"): whenever the oldest unfinished request fits
 in the pool on its own, every request finishes, whatever policy and plugins are stacked.
 
 A hypothesis test drives random workloads through every shipped policy with random stacks of the

@@ -1,4 +1,4 @@
-"""The progress bars of a run (`core/progress.py`): off unless the stream is a terminal, redrawn at
+"""The progress bars of a run (`metroline.core.results.progress`): off unless the stream is a terminal, redrawn at
 most 10 times a second, one line per policy under `compare`; and what a run without a bar loads."""
 
 from __future__ import annotations

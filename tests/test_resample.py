@@ -1,4 +1,4 @@
-"""core/resample.py: new draws of a trace for each seed (redraw, random window)."""
+"""`metroline.core.workloads.resample`: new draws of a trace for each seed (redraw, random window)."""
 
 from __future__ import annotations
 

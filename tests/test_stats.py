@@ -1,4 +1,4 @@
-"""core/stats.py: Student's t, the (expanded) percentile bootstrap, paired differences and verdicts."""
+"""`metroline.core.results.stats`: Student's t, the (expanded) percentile bootstrap, paired differences and verdicts."""
 
 from __future__ import annotations
 

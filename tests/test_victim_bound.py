@@ -1,6 +1,6 @@
 """The bound on `select_victim` requests for admission candidates: under `head_of_line=False` a
 step asks for victims for blocked candidates a bounded number of times, whatever the queue's length
-(see `core/victim_loop.py` and the `select_victim` hookspec)."""
+(see `metroline.core.step.victim_loop` and the `select_victim` hookspec)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run each policy of `--policies` on one workload (in parallel workers); print the comparison,
     and warn when the load is too light or too heavy for the policies to differ. With `--seeds K`,
-    on K draws of the workload, and print the paired comparison (`core/paired.py`)."""
+    on K draws of the workload, and print the paired comparison (`metroline.core.results.paired`)."""
     from ..experiments.load_check import check
     from ..experiments.parallel import run_many
     from ..experiments.run_series import series_of

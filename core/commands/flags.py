@@ -187,14 +187,14 @@ def cluster_flags(p: argparse.ArgumentParser, serving: bool = False) -> None:
 
 
 def slo_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
-    """`--slo`: latency bounds for SLO attainment and goodput (`core/slo.py`)."""
+    """`--slo`: latency bounds for SLO attainment and goodput (`metroline.core.experiments.slo`)."""
     p.add_argument("--slo", required=required, metavar="METRIC=S,...",
                    help="latency bounds in seconds, e.g. ttft=0.5,tpot=0.05 (metrics: ttft, tpot, e2e): "
                    "SLO attainment and goodput (requests/s within every bound)" + ("" if required else " (default: none)"))
 
 
 def ray_flag(p: argparse.ArgumentParser) -> None:
-    """`--ray [ADDRESS]`: the runs as tasks of a Ray cluster (`core/ray_runner.py`)."""
+    """`--ray [ADDRESS]`: the runs as tasks of a Ray cluster (`metroline.core.experiments.ray_runner`)."""
     p.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run on a Ray cluster instead of local worker processes: at ADDRESS, or without one "
                    "the cluster $RAY_ADDRESS names, else a new local one (pip install 'metroline[ray]'); the "
@@ -202,7 +202,7 @@ def ray_flag(p: argparse.ArgumentParser) -> None:
 
 
 def sweep_flags(p: argparse.ArgumentParser) -> None:
-    """The rates and SLO of `sweep` (`core/sweep.py`)."""
+    """The rates and SLO of `sweep` (`metroline.core.experiments.sweep`)."""
     p.add_argument("--rates", required=True, metavar="R1,R2,...|auto",
                    help="arrival rates in requests/s (the workload's arrivals scaled to each), or auto: "
                    "each policy's capacity at SLO by bisection from the workload's own rate")

@@ -1,5 +1,5 @@
-"""What `run`, `compare` and `sweep` add to their result: the manifest (`core/manifest.py`), the
-load check's warning (`core/load_check.py`) and the `--report` folder (`core/ab_report`)."""
+"""What `run`, `compare` and `sweep` add to their result: the manifest (`metroline.core.experiments.manifest`), the
+load check's warning (`metroline.core.experiments.load_check`) and the `--report` folder (`core/ab_report`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def check_report_folder(args: argparse.Namespace) -> None:
 
 def manifest_for(args: argparse.Namespace, config: Any, run: dict[str, Any], workload: Any,
                  configs: list[Any] | None = None) -> dict[str, Any]:
-    """The manifest of the command `args` ran (see `core/manifest.py`)."""
+    """The manifest of the command `args` ran (see `metroline.core.experiments.manifest`)."""
     from ..experiments.manifest import argv_of, build_manifest
 
     return build_manifest(argv_of(args), config, run, workload, configs=configs,

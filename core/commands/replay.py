@@ -1,5 +1,5 @@
 """`metroline replay FILE`: rerun the command a result document's manifest records and say
-whether the result matches (see `core/replay_check.py`)."""
+whether the result matches (see `metroline.core.experiments.replay_check`)."""
 
 from __future__ import annotations
 

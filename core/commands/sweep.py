@@ -1,5 +1,5 @@
 """`metroline sweep`: policies across arrival rates, with SLO attainment, goodput and the capacity
-at SLO of each (see `core/sweep.py`)."""
+at SLO of each (see `metroline.core.experiments.sweep`)."""
 
 from __future__ import annotations
 

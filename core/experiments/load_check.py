@@ -6,7 +6,7 @@ nobody queues every policy gives the same figures (the Azure conversation trace 
 fills 5% of the batch slots). Far above capacity the queue grows for as long as requests arrive
 and the latencies measure mostly how long the run was.
 
-From a run's `load_stats` (`core/run_series.py`: time-weighted use of the slots, KV blocks and
+From a run's `load_stats` (`metroline.core.experiments.run_series`: time-weighted use of the slots, KV blocks and
 token budget while requests arrive, and the share of that time someone waited) the check
 estimates the capacity C in requests per second:
 

@@ -1,5 +1,5 @@
 """Replaying a workload through an engine: arrivals on the engine's clock, then the result document.
-(Several replays in parallel: `core/parallel.py`.)"""
+(Several replays in parallel: `metroline.core.experiments.parallel`.)"""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def run_workload(
     """Replay `workload` on a new engine (see `replay`) and return the result document (see
     `metrics.result_document`) and the engine. `progress`: as `replay`'s. `oracle_lengths` tells policies each request's
     true output length (`expected_output_tokens`); the result says so in its `workload` field.
-    `measure`: a warm-up and horizon (`core/horizon.py`); the replay stops at the horizon."""
+    `measure`: a warm-up and horizon (`metroline.core.results.horizon`); the replay stops at the horizon."""
     engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
     until = measure.stop_s if measure is not None else math.inf
     wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress,

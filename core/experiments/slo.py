@@ -2,7 +2,7 @@
 
 An SLO is a bound in seconds on one latency of a request: `ttft` (arrival to first token),
 `tpot` (time per output token after the first: (finish - first token) / (output tokens - 1)) and
-`e2e` (arrival to finish), each defined as in the run's summary (`core/metrics.py`). A request
+`e2e` (arrival to finish), each defined as in the run's summary (`metroline.core.results.metrics`). A request
 meets the SLOs when it completed and is within every bound given; a request with one output token
 has no TPOT and meets a TPOT bound; a rejected or unfinished request meets none.
 """

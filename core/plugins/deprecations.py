@@ -14,7 +14,7 @@ The warning is given once per plugin and name in a process (`warn`). Three kinds
   argument is still passed, and only warns.
 
 The plugin manager checks `HOOKS` and `ARGUMENTS` when it registers a plugin
-(`core/plugins.py`). `recording()` collects every deprecated use, those already warned about
+(`metroline.core.plugins.manager`). `recording()` collects every deprecated use, those already warned about
 included, for the report of `check_plugin`.
 
 To deprecate a name: keep the old spelling working, add its entry here with `removed_in` at least

@@ -126,7 +126,7 @@ class HookRelay:
         self._relay = relay
         self._errors = errors
         self.owners = owners if owners is not None else Owners()
-        """Whose code is whose: which plugin read a deprecated attribute (`core/deprecations.py`)."""
+        """Whose code is whose: which plugin read a deprecated attribute (`metroline.core.plugins.deprecations`)."""
         self.rebuild(monitored=False)
 
     def rebuild(self, monitored: bool) -> None:

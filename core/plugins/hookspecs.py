@@ -6,7 +6,7 @@ passed by name, so an implementation may accept any subset of them.
 
 Decision hooks are `firstresult`: plugins are called newest-registered first (a plugin stacked on
 a base policy runs before it), and the first answer that is not None wins; the built-in defaults
-(`core/defaults.py`) answer last. A `wrapper=True` implementation sees the answer of the ones
+(`metroline.core.plugins.defaults`) answer last. A `wrapper=True` implementation sees the answer of the ones
 below it (`answer = yield`) and may return a changed one; an old-style `hookwrapper=True` one may
 `outcome.force_result(...)`. Observers (`on_*`) are called on every plugin; their return values
 are ignored. Each hook is called a bounded number of times per step, with batches.
@@ -34,17 +34,17 @@ Outside the protocol: `estimate_output_tokens` is asked by plugins (`ctx.hook`),
 hooks or their admission generator; `check_request` runs in `Engine.add_request`; `on_finished`
 also runs in `Engine.abort`, between steps. A step that a `PluginError` interrupts stops where it is.
 
-Answers are checked where they are given (`core/answers.py`): the wrong type (a candidate that is
+Answers are checked where they are given (`metroline.core.plugins.answers`): the wrong type (a candidate that is
 not a `Sequence`, shares over 1, a negative estimate, ...) is a `PluginError` naming the plugin,
 or the wrapper, that answered. What needs the engine's state (a victim that is not running, a
 split above the budget) is checked where it is used, after every wrapper, naming the plugin that
 answered and the wrappers it went through. An exception raised by any implementation, wrappers
 included, is a `PluginError` naming that plugin and the hook. The error leaves the engine
-consistent: the requests of the interrupted step end as `failed` (`core/recovery.py`); an
+consistent: the requests of the interrupted step end as `failed` (`metroline.core.step.recovery`); an
 observer still reaches every other implementation (the first error is raised after all ran).
 
 `ctx` is the `StepContext` of the engine: `ctx.now`, `ctx.step`, `ctx.config`, `ctx.running`,
-`ctx.waiting`, `ctx.swapped`, `ctx.num_free_blocks()`, ... (see `core/context.py`).
+`ctx.waiting`, `ctx.swapped`, `ctx.num_free_blocks()`, ... (see `metroline.core.step.context`).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def admission(ctx: StepContext) -> Iterable[Sequence] | None:
     The core's rescue (the one case where it overrides the plugins): when a step schedules
     nothing although the plugins asked for something (a request is running, or admission yielded
     a waiting or swapped candidate) and no plugin asked to be woken up later (`ctx.wake_at`), the
-    core serves the oldest unfinished request itself, as fcfs would (`core/rescue.py`). An
+    core serves the oldest unfinished request itself, as fcfs would (`metroline.core.step.rescue`). An
     admission that yields nothing while nothing runs is the plugin's choice: the engine then stops
     with `NoProgressError` after `max_idle_steps` empty steps.
     """
@@ -115,13 +115,13 @@ def select_victim(ctx: StepContext, requester: Sequence, reason: str) -> Sequenc
     Called while blocks or slots are missing, once per victim, so several times in a step; a
     candidate's refusals are bounded per step whatever the queue's length: once the policy
     declined a candidate that needed `k` blocks, a later one of the step is asked only when it
-    needs fewer, and after `REFUSALS_PER_STEP` (4) refusals none is (`core/victim_loop.py`). A
+    needs fewer, and after `REFUSALS_PER_STEP` (4) refusals none is (`metroline.core.step.victim_loop`). A
     `"slots"` refusal ends the step's admission.
 
     The progress rule (the core's): a request preempted twice in a row without computing past
     the most tokens it had ever computed is protected until it does (`ctx.is_protected(seq)`);
     it is never displaced for a younger requester (the core substitutes the youngest running
-    request it may displace, else the requester yields; `core/preemption.py`). vLLM's schedules
+    request it may displace, else the requester yields; `metroline.core.plugins.preemption`). vLLM's schedules
     are unchanged, and with the rescue every request finishes when the oldest one fits alone.
     """
 
@@ -143,7 +143,7 @@ def split_budget(
         decode and `prefill` prefill tokens, no chunk longer than `max_chunk`, at most
         `max_prefills` sequences with a prefill chunk (None: no cap), and `shares`: tenant ->
         fraction of each part reserved for that tenant's sequences, served first; what a tenant
-        leaves unused goes to the others in the step (`core/shares.py`). Invalid: `decode +
+        leaves unused goes to the others in the step (`metroline.core.plugins.shares`). Invalid: `decode +
         prefill` above `budget`, a negative field, `max_chunk < 1`, a share outside [0, 1] or
         shares summing over 1.
 

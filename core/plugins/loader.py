@@ -153,7 +153,7 @@ def instantiate(spec: str, target: Any, options: dict[str, Any]) -> tuple[str, A
 
 
 HOOK_NAMES = tuple(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT}_spec"))
-"""Every hook `core/hookspecs.py` specifies."""
+"""Every hook `metroline.core.plugins.hookspecs` specifies."""
 
 
 def plugin_name(target: Any, spec: str) -> str:
@@ -164,7 +164,7 @@ def plugin_name(target: Any, spec: str) -> str:
 
 def has_hooks(target: Any) -> bool:
     """Whether `target` (a module, class or instance) has at least one `@hookimpl` named like a
-    metroline hook (or like a deprecated hook, `core/deprecations.py`): what makes it a plugin rather
+    metroline hook (or like a deprecated hook, `metroline.core.plugins.deprecations`): what makes it a plugin rather
     than any importable object."""
     if not (inspect.ismodule(target) or inspect.isclass(target) or _is_instance(target)):
         return False

@@ -39,7 +39,7 @@ DEFAULTS_NAME = "defaults"
 
 class _Pluggy(pluggy.PluginManager):
     """pluggy's plugin manager, which maps a plugin's deprecated hook names and hook argument names
-    (`core/deprecations.py`) to the new ones as it registers the plugin, and warns once per plugin
+    (`metroline.core.plugins.deprecations`) to the new ones as it registers the plugin, and warns once per plugin
     and name. `registering` is the name of the plugin being registered."""
 
     def __init__(self) -> None:
@@ -82,7 +82,7 @@ class PluginManager:
 
         self._pm = _Pluggy()
         self._pm.add_hookspecs(hookspecs)
-        self._owners = deprecations.Owners()  # which plugin's code is which (see core/deprecations.py)
+        self._owners = deprecations.Owners()  # which plugin's code is which (see `metroline.core.plugins.deprecations`)
         self._answerer: dict[str, str] = {}
         self._observer_errors: list[PluginError] = []
         self._monitors = 0

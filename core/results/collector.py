@@ -3,7 +3,7 @@ finished sequence (`MetricsCollector`).
 
 Recording is on the hot path: `MetricsCollector.record_step` appends one tuple of ints and floats
 per step and `record_finished` one `RequestRecord` per finished sequence. Everything else is
-computed once, at the end (`core/summaries.py`, `core/fairness.py`, `core/result_document.py`).
+computed once, at the end (`metroline.core.results.summaries`, `metroline.core.results.fairness`, `metroline.core.results.document`).
 
 Times are seconds on the engine's clock (virtual in the simulator, wall clock on a real model).
 """

@@ -5,7 +5,7 @@ confidence interval, and each policy's paired difference from a baseline with a 
 numbers: policy B's run on draw i meets exactly the requests the baseline's run on draw i met), so
 the differences B - A are paired draw by draw, which removes the spread between draws from the
 comparison. `paired_comparison` turns the K result documents of each policy into the JSON-ready
-comparison; `format_paired_table` prints it. The statistics are `core/stats.py`'s.
+comparison; `format_paired_table` prints it. The statistics are `metroline.core.results.stats`'s.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Read top-down:
 - `engine.py`: `Engine`, the loop around scheduler and executor (`step`, `run`, `stream`);
 - `intake.py`: adding, validating and cancelling requests;
-- `scheduler.py`: one `schedule()` per step, in the phases of DESIGN.md: `admission.py` (waiting
+- `scheduler.py`: one `schedule()` per step, in the phases of the architecture guide's "One step" (docs/architecture.md): `admission.py` (waiting
   and swapped requests boarding), `victim_loop.py` (preemption when blocks run out), `rescue.py`
   (the core's own progress rescue), `step_prefix.py` (prefix blocks shared within the step),
   `forking.py` (`n > 1` children);

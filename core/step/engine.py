@@ -116,7 +116,7 @@ class Engine(Intake):
         requests that ended. See `_step` for the phases and the observers each calls.
 
         A `PluginError` ends the step's requests as failed (their blocks freed) before it is
-        raised, so the engine may be stepped again (see `core/recovery.py`)."""
+        raised, so the engine may be stepped again (see `metroline.core.step.recovery`)."""
         outputs: list[RequestOutput] = []
         self._step(outputs)
         return outputs
@@ -126,7 +126,7 @@ class Engine(Intake):
         self._step(None)
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
-        """One step, the phases of DESIGN.md's "One step" (observers in parentheses)."""
+        """One step, in the phases of docs/architecture.md's "One step" (observers in parentheses)."""
         self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
         now = self._arrive()  # submitted requests whose arrival time came join the waiting queue
         plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
@@ -295,7 +295,7 @@ class Engine(Intake):
                 raise self.stalled(idle)
 
     def is_stalled(self, steps: int, max_idle_steps: int) -> bool:
-        """Whether `steps` steps in a row without progress are a stall (see `core/stall.py`)."""
+        """Whether `steps` steps in a row without progress are a stall (see `metroline.core.step.stall`)."""
         return is_stalled(steps, max_idle_steps, self.last_plan_empty, self.config.max_kv_tokens)
 
     def idle(self, next_arrival: float | None = None) -> None:
@@ -309,7 +309,7 @@ class Engine(Intake):
 
     def stalled(self, steps: int) -> NoProgressError:
         """The error for `steps` steps in a row without progress while requests wait: names the
-        plugins, the oldest stuck requests and why they cannot run (see `core/stall.py`)."""
+        plugins, the oldest stuck requests and why they cannot run (see `metroline.core.step.stall`)."""
         return stall_error(self.scheduler, self.pool, self.last_plan_empty, self.plugins.names(), steps)
 
     def run(self) -> dict[str, list[Sequence]]:

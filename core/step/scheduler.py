@@ -1,7 +1,7 @@
 """The scheduler: one `schedule()` per step turns the queues into a `StepPlan`.
 
 It decides and never touches tensors; policy comes from the plugins' hooks, blocks from the
-`BlockPool`. See DESIGN.md, "One step", for the order of the phases. The phases live in one file
+`BlockPool`. The order of the phases: "One step" in docs/architecture.md. The phases live in one file
 each: admission (`admission.py`), the victim loop (`victim_loop.py`), the rescue (`rescue.py`), the
 blocks registered in this step (`step_prefix.py`), forking (`forking.py`), the tenants' reserved
 shares of the budget (`shares.py`).
@@ -252,7 +252,7 @@ class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
 
     def fork(self, parent: Sequence) -> list[Sequence]:
         """Make the samples of `parent` (parallel sampling) in the step that computes its prompt:
-        they run from now on, sharing every block of it (see `core/forking.py`)."""
+        they run from now on, sharing every block of it (see `metroline.core.step.forking`)."""
         self._fork_slots -= unforked(parent)
         children = make_children(parent, self.pool)
         for child in children:

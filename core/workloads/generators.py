@@ -1,6 +1,6 @@
 """Workload generators: `generate` (the requests of a `SyntheticSpec`) and the built-in
 workloads (`BUILTIN_WORKLOADS`: chat, mixed-64, shared-prefix, long-burst, and the names of the
-shipped trace files, which `core/traces.py` reads).
+shipped trace files, which `metroline.core.workloads.traces` reads).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 tenant, priority), `Workload` (a named list of them, sorted by arrival), `WorkloadError` and the
 size limits every workload source checks.
 
-Prompts are lists of *segments* `(key, length)` (see `core/token_streams.py`); tokens are made
+Prompts are lists of *segments* `(key, length)` (see `metroline.core.workloads.token_streams`); tokens are made
 lazily, when a request is submitted.
 """
 

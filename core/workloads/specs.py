@@ -1,6 +1,6 @@
 """Synthetic workload specs: `SyntheticSpec` (how many requests, arrival process, length
 distributions, tenants, priorities, shared prefixes, seed), its length distributions, and
-`load_spec`, which reads one from a TOML or JSON file. `core/workload_generators.py` turns a spec
+`load_spec`, which reads one from a TOML or JSON file. `metroline.core.workloads.generators` turns a spec
 into requests.
 """
 
