@@ -10,6 +10,6 @@ from .core.plugins.hookspecs import hookimpl
 from .core.requests.request import Request, SamplingParams
 from .core.step.engine import Engine, RequestOutput
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Engine", "EngineConfig", "Request", "RequestOutput", "SamplingParams", "hookimpl"]

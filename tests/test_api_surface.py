@@ -141,7 +141,7 @@ def test_a_renamed_method_with_a_new_snapshot_still_fails_without_changelog_and_
         "(under Added, Changed, Deprecated, Removed)",
         "StepContext.wake_at: removed, but not named under Unreleased's Removed",
         "StepContext.wake_at: removed without being deprecated in the last release (keep it working with a "
-        "deprecation warning for a minor version first: core/deprecations.py)",
+        "deprecation warning for a minor version first: metroline.core.plugins.deprecations)",
     ]
     # naming both in the changelog is not enough: the old name had to be deprecated first
     named = changelog.replace("### Deprecated\n", "### Removed\n\n- `StepContext.wake_at`: use `StepContext.wake`."
