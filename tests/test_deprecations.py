@@ -16,13 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
+
 import warnings
 from pathlib import Path
 
 import pytest
 from conftest import make_engine, request, run_to_end
 
+from metroline import __version__ as METROLINE_VERSION
 from metroline.cli import main
 from metroline.core.plugins import deprecations
 from metroline.core.plugins.deprecations import Deprecation, MetrolineDeprecationWarning
@@ -287,7 +288,7 @@ def version(text: str) -> tuple[int, ...]:
 
 
 def test_every_deprecation_keeps_working_for_a_minor_version_and_is_gone_by_its_removal():
-    current = version(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+    current = version(METROLINE_VERSION)  # the version pyproject.toml builds (dynamic)
     entries = [*deprecations.ATTRIBUTES.values(), *deprecations.HOOKS.values(), *deprecations.ARGUMENTS.values()]
     assert entries
     for dep in entries:

@@ -305,6 +305,97 @@ def test_a_check_request_answer_that_is_not_a_reason_is_a_plugin_error():
     assert (info.value.plugin, info.value.hook) == ("five", "check_request")
 
 
+class RefuseEverything:
+    """A `check_request` wrapper that refuses every request, whatever the plugins below say."""
+
+    name = "refuse_everything"
+
+    def __init__(self) -> None:
+        self.below = []
+
+    @hookimpl(wrapper=True)
+    def check_request(self, seq):
+        reason = yield
+        self.below.append((seq.request_id, reason))
+        return f"closed to {seq.request_id}"
+
+
+class LetAnyoneIn:
+    """A `check_request` wrapper that overrules every refusal below it."""
+
+    name = "let_anyone_in"
+
+    @hookimpl(wrapper=True)
+    def check_request(self, seq):
+        yield
+        return None
+
+
+def test_a_refusing_check_request_wrapper_refuses_and_is_named():
+    wrapper = RefuseEverything()
+    engine = make_engine(plugins=[wrapper])
+    with pytest.raises(RequestRefused) as info:
+        engine.add_request(request("x", 4))
+    assert str(info.value) == "request 'x' can never run: refuse_everything: closed to x"
+    assert wrapper.below == [("x", None)]  # the plugins below accepted it
+    assert not engine.has_unfinished()
+
+
+def test_a_check_request_wrapper_sees_the_reason_below_and_passes_it_on_named_by_its_plugin():
+    class PassOn:
+        name = "pass_on"
+
+        def __init__(self) -> None:
+            self.seen = []
+
+        @hookimpl(wrapper=True)
+        def check_request(self, seq):
+            reason = yield
+            self.seen.append(reason)
+            return reason
+
+    passer = PassOn()
+    engine = make_engine(
+        specs=["tenant_quota"], plugin_options={"tenant_quota": {"max_running": {"a": 1}}}, plugins=[passer]
+    )
+    with pytest.raises(RequestRefused) as info:
+        engine.add_request(request("x", 4, n=2, tenant="a"))
+    assert passer.seen == ["sampling.n (2) exceeds the running cap of tenant 'a' (1)"]
+    assert str(info.value).endswith("x' can never run: tenant_quota: sampling.n (2) exceeds the running cap of tenant 'a' (1)")
+
+
+def test_a_check_request_wrapper_may_let_a_refused_request_in():
+    class NoTenantB:
+        name = "no_tenant_b"
+
+        @hookimpl
+        def check_request(self, seq):
+            return "tenant b is not served" if seq.tenant == "b" else None
+
+    refused = make_engine(plugins=[NoTenantB()])
+    with pytest.raises(RequestRefused, match="no_tenant_b: tenant b is not served"):
+        refused.add_request(request("x", 4, tenant="b"))
+    engine = make_engine(plugins=[NoTenantB(), LetAnyoneIn()])
+    engine.add_request(request("x", 4, tenant="b"))
+    run_to_end(engine)
+    assert [s.num_output_tokens for s in engine.sequences("x")] == [4]
+
+
+def test_a_check_request_wrapper_answering_nonsense_is_a_plugin_error_naming_it():
+    class Nonsense:
+        name = "nonsense"
+
+        @hookimpl(wrapper=True)
+        def check_request(self, seq):
+            yield
+            return 7
+
+    engine = make_engine(plugins=[Nonsense()])
+    with pytest.raises(PluginError) as info:
+        engine.add_request(request("x", 4))
+    assert (info.value.plugin, info.value.hook) == ("nonsense", "check_request")
+
+
 def test_the_replay_records_a_refused_request_as_rejected():
     from metroline.core.config import EngineConfig
     from metroline.core.experiments.runner import run_workload

@@ -134,12 +134,19 @@ def _estimate_output_tokens(plugin: str, answer: Any) -> Any:
     return answer
 
 
+def _check_request(plugin: str, answer: Any) -> Any:
+    if not isinstance(answer, str) or not answer.strip():
+        raise PluginError(plugin, "check_request", f"expected a reason (a non-empty string) or None, got {answer!r:.80}")
+    return answer
+
+
 CHECKS = {
     "admission": _admission,
     "order_running": _order_running,
     "split_budget": _split_budget,
     "select_victim": _select_victim,
     "estimate_output_tokens": _estimate_output_tokens,
+    "check_request": _check_request,
 }
 """hook name -> check(plugin, answer) returning the answer (possibly wrapped to be checked lazily)
 or raising `PluginError`. Applied to answers that are not None."""

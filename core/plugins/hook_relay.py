@@ -11,16 +11,22 @@ from . import answers, hookspecs
 from .deprecations import Owners
 from .loader import HOOK_NAMES
 
+FIRST_ANSWER_HOOKS = (*hookspecs.DECISION_HOOKS, *hookspecs.EDGE_HOOKS)
+"""The firstresult hooks an engine calls: the first answer that is not None wins, and the plugin
+that gave it is recorded (`PluginManager.answerer`)."""
+
 
 def attributed(
-    fn: Any, plugin: str, hook: str, answerer: dict[str, str], observer_errors: list[PluginError]
+    fn: Any, plugin: str, hook: str, answerer: dict[str, str], observer_errors: list[PluginError],
+    answered: dict[str, Any] | None = None,
 ) -> Any:
     """`fn`, one plugin's implementation of `hook`, wrapped so that an exception it raises becomes
     a `PluginError` naming the plugin and the hook (kept in `observer_errors` for an observer hook,
-    so the other observers still hear of the event), a decision hook's answer is recorded in
-    `answerer` and checked (`answers.CHECKS`)."""
+    so the other observers still hear of the event), a firstresult hook's answer is recorded in
+    `answerer` (and the answer itself in `answered`, when given) and checked (`answers.CHECKS`)."""
     check = answers.CHECKS.get(hook)
-    decision = hook in hookspecs.DECISION_HOOKS
+    decision = hook in FIRST_ANSWER_HOOKS
+    answered = {} if answered is None else answered
     deferred = observer_errors if hook in hookspecs.OBSERVER_HOOKS else None
 
     @functools.wraps(fn)
@@ -36,7 +42,8 @@ def attributed(
             if decision and result is not None:
                 answerer[hook] = plugin
                 if check is not None:
-                    return check(plugin, result)
+                    result = check(plugin, result)
+                answered[hook] = result
             return result
         if deferred is None:
             raise err
@@ -46,12 +53,18 @@ def attributed(
     return call
 
 
-def attributed_wrapper(fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
+def attributed_wrapper(
+    fn: Any, plugin: str, hook: str, new_style: bool,
+    answerer: dict[str, str] | None = None, answered: dict[str, Any] | None = None,
+) -> Any:
     """A wrapper implementation (`wrapper=True`, or old-style `hookwrapper=True`) wrapped so that an
     exception it raises names the plugin and the hook, and an answer it gives is checked
     (`answers.CHECKS`) as the wrapper's own: a new-style wrapper's return value, or the result an
-    old-style one forced (`outcome.force_result`)."""
+    old-style one forced (`outcome.force_result`). For an edge hook (`check_request`) an answer
+    that is not the one recorded below it in `answered` is the wrapper's: `answerer` names it."""
     check = answers.CHECKS.get(hook)
+    if hook in hookspecs.EDGE_HOOKS and answerer is not None and answered is not None:
+        check = _claimed(check, hook, answerer, answered)
     if not new_style:
         return _old_style(fn, plugin, hook, check)
 
@@ -68,6 +81,20 @@ def attributed_wrapper(fn: Any, plugin: str, hook: str, new_style: bool) -> Any:
         return result
 
     return call
+
+
+def _claimed(check: Any, hook: str, answerer: dict[str, str], answered: dict[str, Any]) -> Any:
+    """`check`, which also records a wrapper as the answerer of `hook` when its answer is not the
+    answer recorded below it (a reason of its own, not the one it was handed)."""
+
+    def claim(plugin: str, answer: Any) -> Any:
+        if answer is not answered.get(hook):
+            answer = check(plugin, answer) if check is not None else answer
+            answerer[hook] = plugin
+            answered[hook] = answer
+        return answer
+
+    return claim
 
 
 def _old_style(fn: Any, plugin: str, hook: str, check: Any) -> Any:
@@ -136,7 +163,7 @@ class HookRelay:
             impls = caller.get_hookimpls()
             if monitored or any(i.wrapper or i.hookwrapper for i in impls):
                 call = caller
-            elif name in hookspecs.DECISION_HOOKS:
+            elif name in FIRST_ANSWER_HOOKS:
                 call = first_answer_caller(impls, caller.get_hookimpls)
             else:
                 call = every_answer_caller(impls, caller.get_hookimpls)

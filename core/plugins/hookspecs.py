@@ -208,7 +208,7 @@ def estimate_output_tokens(ctx: StepContext, seq: Sequence) -> int | None:
 # --- at the edge: once per request, outside the step ------------------------------------------
 
 
-@hookspec
+@hookspec(firstresult=True)
 def check_request(ctx: StepContext, seq: Sequence) -> str | None:
     """Why `seq` (a new request's `Sequence`, not yet waiting) could never run under this
     plugin's limits (a tenant's running cap below the request's `sampling.n`, ...), or None.
@@ -217,8 +217,11 @@ def check_request(ctx: StepContext, seq: Sequence) -> str | None:
         A one-line reason: the request is refused (`RequestRefused`; `rejected` in a replay)
         instead of waiting for ever. Anything else than a string or None is a `PluginError`.
 
-    Called by `Engine.add_request`, once per request, on each plugin (newest first) until one
-    gives a reason, which is reported prefixed with the plugin's name.
+    Called by `Engine.add_request`, once per request, through the same relay as every hook:
+    plugins newest first until one gives a reason (firstresult), which is reported prefixed with
+    the name of the plugin that gave it. A `wrapper=True` implementation sees the reason of the
+    ones below it (`reason = yield`) and may return another (a refusal of its own, or None to let
+    the request in); a reason a wrapper gives is prefixed with the wrapper's name.
     """
 
 

@@ -84,6 +84,7 @@ class PluginManager:
         self._pm.add_hookspecs(hookspecs)
         self._owners = deprecations.Owners()  # which plugin's code is which (see `metroline.core.plugins.deprecations`)
         self._answerer: dict[str, str] = {}
+        self._answered: dict[str, Any] = {}  # the answers `_answerer` names, for wrappers to tell theirs apart
         self._observer_errors: list[PluginError] = []
         self._monitors = 0
         self._register(DEFAULTS_NAME, DefaultPolicy(sampler_class))
@@ -134,10 +135,12 @@ class PluginManager:
                 if hook_impl.plugin is not plugin:
                     continue
                 if hook_impl.wrapper or hook_impl.hookwrapper:
-                    hook_impl.function = attributed_wrapper(hook_impl.function, name, impl.name, hook_impl.wrapper)
+                    hook_impl.function = attributed_wrapper(
+                        hook_impl.function, name, impl.name, hook_impl.wrapper, self._answerer, self._answered
+                    )
                 else:
                     hook_impl.function = attributed(
-                        hook_impl.function, name, impl.name, self._answerer, self._observer_errors
+                        hook_impl.function, name, impl.name, self._answerer, self._observer_errors, self._answered
                     )
 
     def monitor(self, before: Any, after: Any) -> Any:
@@ -171,21 +174,15 @@ class PluginManager:
         return PluginError(plugin, hook, problem)
 
     def refusal(self, ctx: Any, seq: Any) -> str | None:
-        """The first reason a plugin gives (`check_request`) why `seq` could never run, prefixed
-        with the plugin's name; None when every plugin accepts it."""
-        for impl in reversed(self._pm.hook.check_request.get_hookimpls()):
-            if impl.wrapper or impl.hookwrapper:
-                continue
-            args = {"ctx": ctx, "seq": seq}
-            reason = impl.function(*[args[a] for a in impl.argnames])
-            if reason is None:
-                continue
-            if not isinstance(reason, str) or not reason.strip():
-                raise PluginError(
-                    impl.plugin_name, "check_request", f"expected a reason (a non-empty string) or None, got {reason!r:.80}"
-                )
-            return f"{impl.plugin_name}: {reason}"
-        return None
+        """The reason the plugins give (`check_request`, through the relay like every hook,
+        wrappers included) why `seq` could never run, prefixed with the name of the plugin or
+        wrapper that gave it; None when they accept it."""
+        self._answerer.pop("check_request", None)
+        self._answered.pop("check_request", None)
+        reason = self.hook.check_request(ctx=ctx, seq=seq)
+        if reason is None:
+            return None
+        return f"{self.answerer('check_request')}: {reason}"
 
     def has_impls(self, hook: str) -> bool:
         """Whether any loaded plugin (the defaults included) implements `hook`."""
