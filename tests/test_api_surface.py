@@ -73,7 +73,7 @@ def test_the_surface_covers_what_the_issue_lists(live):
         args = ", ".join(inspect.signature(getattr(hookspecs, hook)).parameters)
         [line] = [x for x in live if key_of(x) == f"hookspecs.{hook}"]
         assert line.startswith(f"hookspecs.{hook}: hook ({args}) ")
-        assert line.endswith(" firstresult") == (hook in hookspecs.DECISION_HOOKS)
+        assert line.endswith(" firstresult") == (hook in hookspecs.DECISION_HOOKS + hookspecs.EDGE_HOOKS)
     assert "hookspecs.select_victim: hook (ctx, requester, reason) decision firstresult" in live
     for member in ("now", "step", "config", "running", "waiting", "swapped", "hook", "wake_at", "num_free_blocks",
                    "cached_prefix_tokens", "is_protected", "blocks_needed", "block_size", "num_blocks"):
