@@ -116,8 +116,10 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
 
 def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     """The run options (`RunOptions`) and output files of `run` and `compare`."""
+    workload_default = ("(default chat-steady, chat's requests at about 0.8 x the engine's capacity; chat with "
+                        "--replicas or --routers)" if compare else _default("workload"))
     p.add_argument("--workload", help="a built-in name (see `metroline workloads`) or a .csv/.jsonl/.toml/.json "
-                   f"file {_default('workload')}")
+                   f"file {workload_default}")
     p.add_argument("--executor", help="sim: the simulated executor; torch: a Hugging Face model on "
                    f"paged KV; or an entry point of metroline.executors, or pkg.mod:factory {_default('executor')}")
     p.add_argument("--model", help="torch executor: a model folder, a .gguf file or a known name (smollm2) "

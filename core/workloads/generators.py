@@ -1,5 +1,5 @@
 """Workload generators: `generate` (the requests of a `SyntheticSpec`) and the built-in
-workloads (`BUILTIN_WORKLOADS`: chat, mixed-64, shared-prefix, long-burst, and the names of the
+workloads (`BUILTIN_WORKLOADS`: chat, chat-steady, mixed-64, shared-prefix, long-burst, and the names of the
 shipped trace files, which `metroline.core.workloads.traces` reads).
 """
 
@@ -60,6 +60,12 @@ def generate(spec: SyntheticSpec, *, namespace: str = "synthetic") -> list[Workl
 # 256 requests every 128 steps at the chat workload's mean of 128 output tokens.
 _CHAT_CAPACITY = 256 / (128 * 0.01)
 _CHAT_RATE = round(1.1 * _CHAT_CAPACITY, 6)
+# `compare`'s default: chat's requests offered where the policies differ, at about 0.8 x the
+# default engine's capacity under the default roofline cost model as the load check estimates it
+# (`metroline compare --workload chat --rate-scale 0.165 --max-requests 1500`: 0.82 x 45.7 req/s;
+# at 0.16, 0.74 x; from 0.17 requests wait most of the time and the estimate is the saturated one)
+_CHAT_STEADY_REQUESTS = 1500
+_CHAT_STEADY_RATE = round(0.165 * _CHAT_RATE, 6)
 
 BUILTIN_WORKLOADS: dict[str, str] = {
     "chat": (
@@ -68,6 +74,11 @@ BUILTIN_WORKLOADS: dict[str, str] = {
         f"= {_CHAT_CAPACITY:g} req/s); prompt = one of 4 shared 128-token system prompts + "
         "lognormal(mean 256, sigma 0.8, 16..4096) tokens; output lognormal(mean 128, sigma 0.8, "
         "4..1024); tenants alpha/beta/gamma 50/30/20 %; priorities 0/1 20/80 %"
+    ),
+    "chat-steady": (
+        f"{_CHAT_STEADY_REQUESTS} requests drawn as chat's, poisson at {_CHAT_STEADY_RATE:g} req/s = about 0.8 x "
+        "the default engine's capacity under the default roofline cost model (the load check's "
+        "estimate), where the policies differ; the default workload of `metroline compare`"
     ),
     "mixed-64": (
         "groups (default 10) of 64 requests, group g all arriving at t = 0.1 g s; per group 54 "
@@ -100,10 +111,10 @@ def list_workloads() -> list[str]:
     return list(BUILTIN_WORKLOADS)
 
 
-def _chat(seed: int) -> list[WorkloadItem]:
+def _chat(seed: int, num_requests: int = 4000, rate: float = _CHAT_RATE) -> list[WorkloadItem]:
     spec = SyntheticSpec(
-        num_requests=4000,
-        rate=_CHAT_RATE,
+        num_requests=num_requests,
+        rate=rate,
         prompt_len={"dist": "lognormal", "mean": 256, "sigma": 0.8, "min": 16, "max": 4096},
         output_len={"dist": "lognormal", "mean": 128, "sigma": 0.8, "min": 4, "max": 1024},
         tenants={"alpha": 0.5, "beta": 0.3, "gamma": 0.2},
@@ -129,6 +140,10 @@ def _mixed_64(seed: int, groups: int) -> list[WorkloadItem]:
     return items
 
 
+def _chat_steady(seed: int) -> list[WorkloadItem]:
+    return _chat(seed, _CHAT_STEADY_REQUESTS, _CHAT_STEADY_RATE)
+
+
 def _shared_prefix(seed: int) -> list[WorkloadItem]:
     spec = SyntheticSpec(
         num_requests=200, rate=50.0, prompt_len=32, output_len=32, shared_prefix_len=1000, seed=seed
@@ -147,13 +162,15 @@ def _long_burst(seed: int) -> list[WorkloadItem]:
 
 
 def builtin_items(name: str, seed: int, groups: int = 10) -> list[WorkloadItem]:
-    """The requests of the synthetic built-in `name` (chat, mixed-64, shared-prefix, long-burst)
+    """The requests of the synthetic built-in `name` (chat, chat-steady, mixed-64, shared-prefix, long-burst)
     for `seed`; `groups` is mixed-64's number of groups."""
     if name == "mixed-64":
         return _mixed_64(seed, groups)
-    builders = {"chat": _chat, "shared-prefix": _shared_prefix, "long-burst": _long_burst}
+    builders = {
+        "chat": _chat, "chat-steady": _chat_steady, "shared-prefix": _shared_prefix, "long-burst": _long_burst,
+    }
     return builders[name](seed)
 
 
-SYNTHETIC_BUILTINS = ("chat", "mixed-64", "shared-prefix", "long-burst")
+SYNTHETIC_BUILTINS = ("chat", "chat-steady", "mixed-64", "shared-prefix", "long-burst")
 """The built-ins `builtin_items` makes (the others are trace files, `TRACE_FILES`)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from .generators import TRACE_FILES
 from .items import MAX_ITEM_TOKENS, MAX_REQUESTS, WorkloadError, WorkloadItem
 
 MOONCAKE_BLOCK = 512
@@ -215,7 +216,8 @@ def find_traces_dir(traces_dir: str | Path | None = None) -> Path:
     if traces_dir is not None or os.environ.get("METROLINE_TRACES"):
         path = Path(traces_dir if traces_dir is not None else os.environ["METROLINE_TRACES"])
         if not path.is_dir():
-            raise WorkloadError(f"traces directory {path} does not exist")
+            given = "--traces-dir" if traces_dir is not None else "METROLINE_TRACES"
+            raise WorkloadError(f"{given}: traces directory {path} does not exist")
         return path
     candidates = [
         Path(__file__).resolve().parents[2] / "../shared/traces",
@@ -225,7 +227,8 @@ def find_traces_dir(traces_dir: str | Path | None = None) -> Path:
         if path.is_dir():
             return path.resolve()
     raise WorkloadError(
-        "no traces directory found: pass traces_dir or set METROLINE_TRACES "
-        f"(looked in {', '.join(str(p) for p in candidates)})"
+        "no traces directory found: give --traces-dir DIR (`traces_dir` in a config file's [run] table) or "
+        "set METROLINE_TRACES to the folder holding the trace files "
+        f"({', '.join(TRACE_FILES.values())}; looked in {', '.join(str(p) for p in candidates)})"
     )
 
