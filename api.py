@@ -37,7 +37,8 @@ from .core.plugins.inflight import PromptsInFlight, missing_blocks
 from .core.plugins.lazy_heap import ArrivalQueue, LazyHeap, arrival_key
 from .core.plugins.loader import ENTRY_POINT_GROUP, HOOK_NAMES, SHIPPED
 from .core.plugins.options import PluginOptions, PluginOptionsError, options_model, take_options
-from .core.plugins.preemption import Preempt, is_protected
+from .core.plugins.answers import shares_problem
+from .core.plugins.preemption import RECOMPUTE, SWAP, Preempt, is_protected
 from .core.plugins.queue_order import queued_in_order
 from .core.plugins.victims import last_admitted, last_admitted_victim
 from .core.requests.request import Request, SamplingParams, StructuredOutput
@@ -56,7 +57,7 @@ __all__ = [
     "StepContext", "Sequence", "SeqState", "FinishReason", "WAITING", "RUNNING", "SWAPPED", "FINISHED", "QUEUED",
     "StepPlan",
     # what hooks answer
-    "Candidates", "close_candidates", "Split", "Preempt", "is_protected",
+    "Candidates", "close_candidates", "Split", "shares_problem", "Preempt", "RECOMPUTE", "SWAP", "is_protected",
     # what the route hook sees and answers (a cluster's router)
     "RouteRequest", "ReplicaView", "Refuse",
     # helpers for policies

@@ -8,13 +8,17 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import ArrivalQueue
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.victims import last_admitted_victim
-from ..core.requests.sequence import SWAPPED, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    ArrivalQueue,
+    Candidates,
+    PluginOptions,
+    SWAPPED,
+    Sequence,
+    StepContext,
+    hookimpl,
+    last_admitted_victim,
+    take_options,
+)
 
 
 class PrefixAware(ArrivalQueue):

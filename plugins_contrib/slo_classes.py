@@ -8,14 +8,21 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..core.plugins.budget import Split
-from ..core.plugins.candidates import Candidates, close_candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import LazyHeap, arrival_key
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.preemption import Preempt
-from ..core.requests.sequence import QUEUED, RUNNING, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    Candidates,
+    LazyHeap,
+    PluginOptions,
+    Preempt,
+    QUEUED,
+    RUNNING,
+    Sequence,
+    Split,
+    StepContext,
+    arrival_key,
+    close_candidates,
+    hookimpl,
+    take_options,
+)
 
 INTERACTIVE = "interactive"
 BATCH = "batch"

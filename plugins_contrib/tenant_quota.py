@@ -11,11 +11,15 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import QUEUED, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    Candidates,
+    PluginOptions,
+    QUEUED,
+    Sequence,
+    StepContext,
+    hookimpl,
+    take_options,
+)
 
 _EPS = 1e-9  # tokens: a bucket that refilled to `need` up to rounding holds `need`
 

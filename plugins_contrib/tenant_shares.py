@@ -21,11 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from ..core.plugins.answers import shares_problem
-from ..core.plugins.budget import Split
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import Sequence
+from metroline.api import PluginOptions, Sequence, Split, hookimpl, shares_problem, take_options
 
 
 class TenantShares:

@@ -12,11 +12,18 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.preemption import RECOMPUTE, SWAP, Preempt
-from ..core.requests.sequence import RUNNING, SWAPPED, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    PluginOptions,
+    Preempt,
+    RECOMPUTE,
+    RUNNING,
+    SWAP,
+    SWAPPED,
+    Sequence,
+    StepContext,
+    hookimpl,
+    take_options,
+)
 
 
 class AutoPreemption:

@@ -19,13 +19,17 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ..core.plugins.budget import Split
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.inflight import PromptsInFlight, missing_blocks
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import Sequence
-from ..core.step.context import StepContext
-from ..core.step.plan import StepPlan
+from metroline.api import (
+    PluginOptions,
+    PromptsInFlight,
+    Sequence,
+    Split,
+    StepContext,
+    StepPlan,
+    hookimpl,
+    missing_blocks,
+    take_options,
+)
 
 
 def max_partial_prefills_option() -> Any:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import ArrivalQueue
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.victims import last_admitted_victim
-from ..core.requests.sequence import Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    ArrivalQueue,
+    Candidates,
+    PluginOptions,
+    Sequence,
+    StepContext,
+    hookimpl,
+    last_admitted_victim,
+    take_options,
+)
 
 
 class FCFS(ArrivalQueue):

@@ -30,9 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import FinishReason, Sequence
+from metroline.api import FinishReason, PluginOptions, Sequence, hookimpl, take_options
 
 COMPLETED = frozenset((FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP))
 """The finish reasons whose output length an estimator learns from (the request ran to its end)."""

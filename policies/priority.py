@@ -15,12 +15,17 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import ArrivalQueue, LazyHeap
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import RUNNING, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    ArrivalQueue,
+    Candidates,
+    LazyHeap,
+    PluginOptions,
+    RUNNING,
+    Sequence,
+    StepContext,
+    hookimpl,
+    take_options,
+)
 
 
 class Priority(ArrivalQueue):

@@ -12,12 +12,17 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.inflight import PromptsInFlight
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import QUEUED, SWAPPED, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    Candidates,
+    PluginOptions,
+    PromptsInFlight,
+    QUEUED,
+    SWAPPED,
+    Sequence,
+    StepContext,
+    hookimpl,
+    take_options,
+)
 
 
 class ReserveBlocks:

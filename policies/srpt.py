@@ -22,12 +22,17 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import LazyHeap, arrival_key
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import RUNNING, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    Candidates,
+    LazyHeap,
+    PluginOptions,
+    RUNNING,
+    Sequence,
+    StepContext,
+    arrival_key,
+    hookimpl,
+    take_options,
+)
 from .length_estimators import LengthMean
 
 

@@ -11,13 +11,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import ArrivalQueue
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.victims import last_admitted_victim
-from ..core.requests.sequence import FINISHED, QUEUED, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    ArrivalQueue,
+    Candidates,
+    FINISHED,
+    PluginOptions,
+    QUEUED,
+    Sequence,
+    StepContext,
+    hookimpl,
+    last_admitted_victim,
+    take_options,
+)
 
 
 class StaticBatching(ArrivalQueue):

@@ -6,14 +6,18 @@ from typing import Any
 
 from pydantic import Field
 
-from ..core.plugins.budget import Split
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import ArrivalQueue
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import RUNNING, Sequence
-from ..core.step.context import StepContext
-from ..core.step.plan import StepPlan
+from metroline.api import (
+    ArrivalQueue,
+    Candidates,
+    PluginOptions,
+    RUNNING,
+    Sequence,
+    Split,
+    StepContext,
+    StepPlan,
+    hookimpl,
+    take_options,
+)
 
 
 class TokenRoundRobin(ArrivalQueue):

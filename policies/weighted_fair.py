@@ -7,13 +7,18 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ..core.plugins.candidates import Candidates
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.lazy_heap import LazyHeap, arrival_key
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.plugins.victims import last_admitted
-from ..core.requests.sequence import RUNNING, Sequence
-from ..core.step.context import StepContext
+from metroline.api import (
+    Candidates,
+    LazyHeap,
+    PluginOptions,
+    RUNNING,
+    Sequence,
+    StepContext,
+    arrival_key,
+    hookimpl,
+    last_admitted,
+    take_options,
+)
 
 
 class WeightedFair:

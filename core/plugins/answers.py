@@ -81,7 +81,9 @@ def split_problem(split: Any) -> str | None:
 
 
 def shares_problem(shares: Any) -> str | None:
-    """What is wrong with `Split.shares` (None when nothing is)."""
+    """What is wrong with a `Split.shares` mapping (tenant -> fraction of the budget, each in
+    [0, 1], summing to at most 1), as the one-line message the core gives for it; None when
+    nothing is. A plugin validates shares it builds from its options with it (`tenant_shares`)."""
     if shares is None:
         return None
     if not isinstance(shares, Mapping):

@@ -9,7 +9,9 @@ from typing import Literal, NamedTuple
 from ..requests.sequence import RUNNING, Sequence
 
 RECOMPUTE = "recompute"
+"""`Preempt.mode`: free the victim's blocks; its KV is computed again when it is readmitted."""
 SWAP = "swap"
+"""`Preempt.mode`: copy the victim's blocks to the host swap space; they are copied back on its return."""
 
 PROTECT_AFTER = 2
 """Preemptions in a row without progress after which a readmitted request is protected."""

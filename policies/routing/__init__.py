@@ -1,2 +1,2 @@
-"""The shipped routers: plugins of the `route` hook (`--router NAME`, see `core/plugins/loader.py`
-`ROUTERS`), one module each."""
+"""The shipped routers: plugins of the `route` hook (`--router NAME`, see
+`metroline.core.plugins.loader.ROUTERS`), one module each."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...core.plugins.hookspecs import hookimpl
+from metroline.api import hookimpl
 
 
 class LeastOutstandingTokens:

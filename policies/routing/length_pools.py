@@ -5,8 +5,7 @@ all (or, with `strict`, is refused)."""
 
 from __future__ import annotations
 
-from ...core.cluster.view import Refuse
-from ...core.plugins.hookspecs import hookimpl
+from metroline.api import Refuse, hookimpl
 
 
 class LengthPools:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from ...core.plugins.hookspecs import hookimpl
+from metroline.api import hookimpl
 
 
 class PowerOfTwo:

@@ -7,7 +7,7 @@ lower index."""
 
 from __future__ import annotations
 
-from ...core.plugins.hookspecs import hookimpl
+from metroline.api import hookimpl
 
 
 class PrefixAwareRouter:

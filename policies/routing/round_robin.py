@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...core.plugins.hookspecs import hookimpl
+from metroline.api import hookimpl
 
 
 class RoundRobin:
