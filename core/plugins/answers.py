@@ -1,5 +1,5 @@
-"""Checks of the answers plugins give to decision hooks, raised as `PluginError`s that name the
-plugin that gave the answer (not the one that consumed it) and the hook.
+"""Checks of the answers plugins give to decision hooks and `check_request`: a bad one is a
+`PluginError` naming the plugin that gave the answer (not the one that consumed it) and the hook.
 
 The plugin layer (`PluginManager`) applies `check_answer` to every implementation's answer, wrappers
 included, so a bad answer is caught where it is given. Checks that need the engine's state (a
