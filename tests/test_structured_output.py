@@ -154,7 +154,9 @@ def test_the_batched_mask_is_the_bitmask_row_by_row():
     """The bias of the CPU path (numpy) and of the accelerator path (torch, run here on the CPU)
     is -inf exactly where a row's bit is 0, over a vocabulary that is no multiple of 32; the mask
     is added to the structured rows only, in place."""
-    from metroline.plugins_contrib.structured_output import _bias_cpu, _bias_on, _mask_rows
+    from metroline.plugins_contrib.logit_masks import bias_cpu as _bias_cpu
+    from metroline.plugins_contrib.logit_masks import bias_on as _bias_on
+    from metroline.plugins_contrib.logit_masks import mask_rows as _mask_rows
 
     vocab, gen = 70, torch.Generator().manual_seed(0)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 3), dtype=torch.int32, generator=gen)
