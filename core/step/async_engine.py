@@ -49,6 +49,7 @@ class AsyncEngine:
     - `buffer_tokens`, `stall_timeout`: a stream whose reader is `buffer_tokens` tokens behind is
       paused; paused for `stall_timeout` seconds, it is cancelled.
     - `after_step(engine, outputs)`: called on the event loop after every step (metrics).
+    - `on_end(stream)`: called on the event loop when a request has ended (a quota's refund).
     - `idle_poll`: seconds to wait after a step that scheduled nothing while requests wait and no
       plugin asked to be woken up at a given time.
     """
@@ -63,6 +64,7 @@ class AsyncEngine:
         stall_timeout: float = 30.0,
         after_step: Callable[[Engine, list[RequestOutput]], None] | None = None,
         idle_poll: float = 0.005,
+        on_end: Callable[[RequestStream], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
@@ -71,6 +73,7 @@ class AsyncEngine:
         self.stall_timeout = stall_timeout
         self.after_step = after_step
         self.idle_poll = idle_poll
+        self.on_end = on_end
         self.streams: dict[str, RequestStream] = {}
         self.steps = 0
         self.failed_steps = 0
@@ -186,6 +189,8 @@ class AsyncEngine:
         self.streams.pop(stream.request_id, None)
         self.backpressure.resume(stream.request_id, self.stall_timeout)
         stream._event.set()
+        if self.on_end is not None:
+            self.on_end(stream)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> list[RequestStream]:
         """Hand the step's tokens to their streams, end those that ended, pause those whose reader
@@ -199,7 +204,11 @@ class AsyncEngine:
                 continue
             seq = out.seq
             choice = stream.choices[seq.index]
-            (firsts if not choice.tokens and seq.index == 0 else touched)[out.request_id] = stream
+            if not choice.tokens and seq.index == 0:
+                firsts[out.request_id] = stream
+                stream.cached_tokens = seq.num_cached_prompt_tokens
+            else:
+                touched[out.request_id] = stream
             if out.new_token_ids:
                 choice.tokens.extend(out.new_token_ids)
                 choice.text, choice.logprobs = seq.text, seq.logprobs
