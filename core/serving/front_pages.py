@@ -47,7 +47,8 @@ class FrontPages:
             return unauthorized().response()
         now = time.monotonic()
         return JSONResponse({"replicas": [
-            {"name": v.name, "pool": v.pool, "url": self.replicas[v.slot].url, "up": v.up,
+            {"name": v.name, "pool": v.pool, "url": self.replicas[v.slot].url, "pid": getattr(self.replicas[v.slot],
+                                                                                               "pid", None), "up": v.up,
              "outstanding_requests": v.outstanding_requests, "outstanding_tokens": v.outstanding_tokens,
              "state": v.state if self.replicas[v.slot].is_alive() else None,
              "state_age_s": round(now - self.health.last_ok[v.slot], 3)}

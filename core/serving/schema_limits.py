@@ -67,7 +67,7 @@ def _ref_cycle(refs: dict[str, set[str]]) -> str | None:
     """A `$ref` cycle among the local references, in words, or None (iterative depth-first)."""
     targets = {r for rs in refs.values() for r in rs}
     done: set[str] = set()
-    for start in targets:
+    for start in sorted(targets):
         if start in done:
             continue
         path, on_path = [start], {start}
