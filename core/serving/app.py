@@ -128,7 +128,7 @@ class Server:
             body, request, stream = await self._admit(http, chat)
         except Refused as refused:
             self.metrics.reject(refused.tenant or "unknown", refused.reason)
-            return refused.response()
+            return refused.response(http)
         shapes = p.Shapes(request.request_id, self.serve.model, chat, self.fingerprint)
         if body.stream:
             marks = None

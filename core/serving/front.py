@@ -99,6 +99,7 @@ class Front(FrontPages):
         self.proxy = Proxy(self.health, self.metrics, self.canary)
         self._stop_replicas = stop_replicas
         self.closing = False
+        self._poller: asyncio.Task | None = None
 
     def live(self) -> tuple[RemoteView, ...]:
         return self.health.live()
@@ -161,12 +162,12 @@ class Front(FrontPages):
             return error(503, "the server is shutting down")
         tenant = self.tenants.identify(http.headers.get("authorization"))
         if tenant is None:
-            return unauthorized().response()
+            return unauthorized().response(http)
         try:
             raw = await read_body(http, self.serve.max_body_bytes)
             body = await off_loop(parse_body, raw, chat)
         except Refused as refused:
-            return refused.response()
+            return refused.response(http)
         request = await off_loop(self._route_request, body, chat, tenant)
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
@@ -205,6 +206,8 @@ class Front(FrontPages):
         `drain_s`, ending the rest with an error event and `[DONE]`), relay what they send, and
         end any stream still open after that with an error event and `[DONE]` itself."""
         self.closing = True
+        if self._poller is not None:  # the replicas stop accepting now: that is no failure
+            self._poller.cancel()
         for r in self.replicas:
             process = getattr(r, "process", None)
             if process is not None and process.is_alive():
@@ -220,7 +223,7 @@ class Front(FrontPages):
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         client = self.proxy.client = make_client()
-        poller = asyncio.create_task(self.health.run(client))
+        poller = self._poller = asyncio.create_task(self.health.run(client))
         try:
             yield
         finally:

@@ -40,10 +40,26 @@ class Refused(Exception):
         self.reason, self.retry_after = reason, retry_after
         self.tenant: str | None = None  # who was refused, once known (the metrics' label)
 
-    def response(self) -> JSONResponse:
-        headers = None if self.retry_after is None else {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+    def response(self, http: HTTPRequest | None = None) -> JSONResponse:
+        """The error response; given the request, one that leaves a large body unread closes the
+        connection (`Connection: close`) rather than have the server read and drop what is left."""
+        headers = {} if self.retry_after is None else {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+        if self.status == 413 or (http is not None and _unread(http) > DRAIN_LIMIT):
+            headers["Connection"] = "close"
         return JSONResponse(p.error_body(self.message, self.type, self.param, self.code), status_code=self.status,
                             headers=headers)
+
+
+DRAIN_LIMIT = 64 * 1024
+"""Bytes of a refused request's unread body past which its connection is closed, not drained."""
+
+
+def _unread(http: HTTPRequest) -> int:
+    length = http.headers.get("content-length", "")
+    if getattr(http, "_stream_consumed", False):
+        return 0
+    return int(length) if length.isdigit() else DRAIN_LIMIT + 1 if "chunked" in http.headers.get(
+        "transfer-encoding", "") else 0
 
 
 def unauthorized() -> Refused:

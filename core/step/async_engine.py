@@ -71,13 +71,9 @@ class AsyncEngine:
         self.ramp_s = ramp_s
         self.buffer_tokens = buffer_tokens
         self.stall_timeout = stall_timeout
-        self.after_step = after_step
-        self.idle_poll = idle_poll
-        self.on_end = on_end
+        self.after_step, self.on_end, self.idle_poll = after_step, on_end, idle_poll
         self.streams: dict[str, RequestStream] = {}
-        self.steps = 0
-        self.failed_steps = 0
-        self.pauses = 0
+        self.steps = self.failed_steps = self.pauses = 0
         self.backpressure = Backpressure()
         engine.plugins.add(Backpressure.name, self.backpressure)
         self._inline = hasattr(engine.executor, "deferred")
@@ -205,8 +201,7 @@ class AsyncEngine:
             seq = out.seq
             choice = stream.choices[seq.index]
             if not choice.tokens and seq.index == 0:
-                firsts[out.request_id] = stream
-                stream.cached_tokens = seq.num_cached_prompt_tokens
+                firsts[out.request_id], stream.cached_tokens = stream, seq.num_cached_prompt_tokens
             else:
                 touched[out.request_id] = stream
             if out.new_token_ids:
@@ -303,4 +298,3 @@ class AsyncEngine:
     def describe(self) -> dict[str, Any]:
         return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
                 "paused": len(self.backpressure.paused), "pauses": self.pauses}
-
