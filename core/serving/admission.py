@@ -89,7 +89,7 @@ class Intake:
             raise unauthorized()
         try:
             raw = await read_body(http, self.serve.max_body_bytes)
-            body = await off_loop(parse_body, raw, chat)
+            body = await off_loop(parse_body, raw, chat, size=len(raw))
             del raw
             return tenant, body, await self._requests(tenant, body, chat)
         except Refused as refused:
@@ -108,9 +108,10 @@ class Intake:
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise Refused(429, problem, "rate_limit_error", "priority", reason="priority")
-        self._check_chars(body, chat)
-        prompts = await off_loop(self._tokenize, body, chat)
-        requests = await off_loop(self._build_all, body, prompts, tenant, priority, chat)
+        chars = self._check_chars(body, chat)
+        prompts = await off_loop(self._tokenize, body, chat, size=chars)
+        requests = await off_loop(self._build_all, body, prompts, tenant, priority, chat,
+                                  size=sum(map(len, prompts)) * 4)
         if body.structured is not None:
             await self._check_grammar(body.structured, requests[0])
         if self._checks:
@@ -123,8 +124,9 @@ class Intake:
                     raise Refused(400, f"this request can never run: {reason}", reason="refused")
         return requests
 
-    def _check_chars(self, body: Any, chat: bool) -> None:
-        """Refuse (400) a text prompt of more characters than any prompt that fits the context."""
+    def _check_chars(self, body: Any, chat: bool) -> int:
+        """Refuse (400) a text prompt of more characters than any prompt that fits the context;
+        else the characters (token ids count as 4) of all its prompts."""
         if chat:
             texts: list[Any] = [sum(len(m.text()) for m in body.messages)]
         else:
@@ -137,6 +139,9 @@ class Intake:
                               f"over {self.max_chars} characters fits)",
                               param="messages" if chat else f"prompt.{i}" if several else "prompt",
                               code="context_length_exceeded")
+        if chat:
+            return texts[0]
+        return sum(texts) + 4 * sum(len(x) for x in p.prompts_of(body.prompt) if not isinstance(x, str))
 
     def _tokenize(self, body: Any, chat: bool) -> list[list[int]]:
         tok = self.tokenizer

@@ -165,10 +165,10 @@ class Front(FrontPages):
             return unauthorized().response(http)
         try:
             raw = await read_body(http, self.serve.max_body_bytes)
-            body = await off_loop(parse_body, raw, chat)
+            body = await off_loop(parse_body, raw, chat, size=len(raw))
         except Refused as refused:
             return refused.response(http)
-        request = await off_loop(self._route_request, body, chat, tenant)
+        request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
         arms = self.canary.arms(request) if self.canary is not None else None

@@ -3,7 +3,9 @@
 Every `poll_s` seconds each replica's `/v1/replica/state` is asked with a timeout of
 `ServeConfig.health_timeout_s`. A replica whose process has ended, or whose port refuses a new
 connection, is marked down at once; one that has not answered for `down_after_s` seconds (a frozen
-process accepts connections but answers nothing) is marked down then, and the requests it holds are
+process accepts connections but answers nothing; a stream's bytes from it count as an answer, so a
+replica too busy to answer its health check in time while it streams is not taken for frozen) is
+marked down then, and the requests it holds are
 ended by the front (`on_down`). A replica marked down that answers again is marked up. A request's
 own connection errors never mark a replica down by themselves, except a refused connection: the
 health check decides (one reset of a reused idle connection says nothing about the replica).

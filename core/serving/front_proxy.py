@@ -120,9 +120,10 @@ class Proxy:
         events = 0
         why: list[str] = []
         self.streams.setdefault(view.slot, {})[upstream] = why
+        last_ok, slot = self.health.last_ok, view.slot
         try:
             async for chunk in upstream.aiter_raw():
-                now = time.monotonic()
+                now = last_ok[slot] = time.monotonic()  # bytes from it: it is not frozen
                 if first:
                     first = False
                     self.metrics.ttft.labels(view.name, view.pool).observe(now - started)

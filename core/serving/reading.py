@@ -72,9 +72,17 @@ def too_large(size: int | str, limit: int) -> Refused:
                    code="body_too_large", reason="too_large")
 
 
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+INLINE_BYTES = 32 * 1024
+"""A body (or a prompt, in characters) below this is parsed (tokenized) on the event loop itself:
+it takes microseconds, less than the hand-off to a worker thread and back."""
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, size: int | None = None) -> T:
     """`fn(*args)` in the server's worker threads (parsing, validation, tokenization), so the event
-    loop goes on writing the other streams meanwhile."""
+    loop goes on writing the other streams meanwhile; inline when `size` (bytes or characters of
+    the work) is below `INLINE_BYTES`."""
+    if size is not None and size < INLINE_BYTES:
+        return fn(*args)
     global _POOL
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="metroline-intake")
