@@ -108,7 +108,7 @@ class Front(FrontPages):
         self.health.mark_down(view, reason)
 
     def _down(self, view: RemoteView, reason: str) -> None:
-        self.proxy.cut(view.slot, f"marked down ({reason})")
+        self.proxy.cut(view.slot, f"replica {view.name} failed: {reason}")
 
     # --- routing and proxying ---------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ Every `poll_s` seconds each replica's `/v1/replica/state` is asked with a timeou
 connection, is marked down at once; one that has not answered for `down_after_s` seconds (a frozen
 process accepts connections but answers nothing; a stream's bytes from it count as an answer, so a
 replica too busy to answer its health check in time while it streams is not taken for frozen) is
-marked down then, and the requests it holds are
+marked down then (unless it is the last replica up: slowness alone never leaves the front with
+none), and the requests it holds are
 ended by the front (`on_down`). A replica marked down that answers again is marked up. A request's
 own connection errors never mark a replica down by themselves, except a refused connection: the
 health check decides (one reset of a reused idle connection says nothing about the replica).
@@ -103,7 +104,8 @@ class Health:
             view.update(r.json())
             self.last_ok[view.slot] = time.monotonic()
             self.mark_up(view)  # a replica marked down on a passing error that answers again
-        elif now - self.last_ok[view.slot] > self.down_after_s:
+        elif now - self.last_ok[view.slot] > self.down_after_s and len(self.live()) > 1:
+            # (never the last one for slowness alone: with every replica slow, the machine is)
             self.mark_down(view, f"no answer to its health check for {self.down_after_s:g} s")
 
     async def run(self, client: httpx.AsyncClient) -> None:

@@ -137,7 +137,7 @@ class Proxy:
                 self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
         except (httpx.TransportError, httpx.StreamError) as exc:
             if why:
-                message = f"replica {view.name}: {why[0]}"
+                message = why[0]
             else:
                 self.metrics.failed.labels(view.name, view.pool).inc()
                 message = await self.health.failure(view, exc)
