@@ -6,6 +6,7 @@ the base policy's `admission` answer and keeps its order and its head-of-line ch
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator
 from typing import Annotated, Any
 
@@ -73,6 +74,15 @@ class TenantQuota:
     (running requests are never stopped): they are bounded by what its running requests still
     generate, and are paid back before its next admission.
 
+    Reservations (the server's way, as hosted APIs' rate limiters): `reserve(tenant, request_id,
+    tokens, now)` charges a request's prompt plus `max_tokens x n` before it is submitted (None),
+    or answers the seconds until the bucket can pay (at most `burst` of it: a larger request waits
+    for a full bucket and takes it below zero); `settle(request_id, used, now)` refunds what the
+    request did not use once it ends. A reserved request is not charged again at admission nor
+    per generated token, so a tenant's parallel requests, `n` samples and batches of prompts
+    together cannot take more than `burst + rate * t` over any window of t seconds (plus, once,
+    the excess of a request larger than `burst`).
+
     Guarantee (running cap): a tenant never has more running sequences than its cap. The count
     is kept incrementally (admissions, preemptions, finishes, including candidates admitted
     earlier in the same step); a request with `n > 1` samples is counted as `n` from its
@@ -126,6 +136,9 @@ class TenantQuota:
         self._paid: set[Sequence] = set()
         """Sequences whose prompt was charged to their tenant's bucket."""
         self._rated = bool(self.token_rate) or self.default_token_rate is not None
+        self.reserved: dict[str, tuple[str, float]] = {}
+        """request_id -> (tenant, tokens reserved) of the requests paid for in advance (`reserve`)."""
+        self._lock = threading.Lock()  # reservations (the server's loop) and steps (maybe a thread)
 
     # --- limits ----------------------------------------------------------------------------------
 
@@ -143,6 +156,36 @@ class TenantQuota:
             self._buckets[tenant] = b
             return b
 
+    def reserve(self, tenant: str, request_id: str, tokens: float, now: float) -> float | None:
+        """Charge `tokens` (a request's prompt plus `max_tokens x n`) to `tenant`'s bucket for
+        `request_id` and answer None, or answer the seconds until the bucket can pay and charge
+        nothing. A tenant without a rate is never refused (and nothing is recorded)."""
+        with self._lock:
+            b = self.bucket(tenant, now)
+            if b is None:
+                return None
+            level = b.refill(now)
+            need = tokens if tokens < b.burst else b.burst
+            if level + _EPS < need:
+                return (need - level) / b.rate
+            b.level -= tokens
+            self.reserved[request_id] = (tenant, tokens)
+            return None
+
+    def settle(self, request_id: str, used: float, now: float) -> None:
+        """A reserved request ended having used `used` tokens (prompt and output): the rest of its
+        reservation goes back to its tenant's bucket."""
+        with self._lock:
+            entry = self.reserved.pop(request_id, None)
+            if entry is None:
+                return
+            tenant, tokens = entry
+            b = self.bucket(tenant, now)
+            if b is not None and tokens > used:
+                b.refill(now)
+                level = b.level + (tokens - used)
+                b.level = level if level < b.burst else b.burst
+
     def _allowed(self, seq: Sequence, ctx: StepContext, now: float) -> bool:
         tenant = seq.tenant
         cap = self.max_running.get(tenant, self.default_max_running)
@@ -150,7 +193,7 @@ class TenantQuota:
             need = seq.sampling.n if seq.sampling.n > 1 and not seq.children and seq.parent is None else 1
             if self.running.get(tenant, 0) + need > cap:
                 return False
-        if self._rated and seq not in self._paid:
+        if self._rated and seq not in self._paid and seq.request_id not in self.reserved:
             b = self.bucket(tenant, now)
             if b is not None:
                 level = b.refill(now)
@@ -178,12 +221,13 @@ class TenantQuota:
         """`seq` was just admitted by the scheduler (seen between two pulls of the candidates)."""
         n = seq.sampling.n
         self._count(seq, n if n > 1 and not seq.children and seq.parent is None else 1)
-        if self._rated and seq not in self._paid:
-            b = self.bucket(seq.tenant, now)
-            if b is not None:
-                b.refill(now)
-                b.level -= seq.num_prompt_tokens
-                self._paid.add(seq)
+        if self._rated and seq not in self._paid and seq.request_id not in self.reserved:
+            with self._lock:
+                b = self.bucket(seq.tenant, now)
+                if b is not None:
+                    b.refill(now)
+                    b.level -= seq.num_prompt_tokens
+                    self._paid.add(seq)
 
     # --- hooks -----------------------------------------------------------------------------------
 
@@ -236,8 +280,10 @@ class TenantQuota:
     def on_tokens(self, ctx: StepContext, seqs: list[Sequence]) -> None:
         if not self._rated:
             return
-        now, buckets = ctx.now, self._buckets
+        now, buckets, reserved = ctx.now, self._buckets, self.reserved
         for seq in seqs:
+            if seq.request_id in reserved:
+                continue  # paid in advance
             tenant = seq.tenant
             b = buckets[tenant] if tenant in buckets else self.bucket(tenant, now)
             if b is not None:

@@ -59,8 +59,8 @@ def all_free_or_evictable(engine: Engine) -> None:
     assert engine.pool.num_used_blocks() == 0
 
 
-def metrics(url: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(url + "/metrics").text
+def metrics(url: str, key: str | None = None) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"} if key else None).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text) for s in fam.samples
@@ -180,7 +180,7 @@ def test_keys_priorities_bad_fields_and_long_prompts_answer_401_429_400_and_coun
     engine = make_engine(EngineConfig(max_model_len=128), executor, plugins=[recorder])
     a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    with ServerThread(engine, ServeConfig(tenants=TENANTS)) as srv:
+    with ServerThread(engine, ServeConfig(tenants=TENANTS, operator_keys=["key-op"])) as srv:
         url = srv.url + "/v1/chat/completions"
         assert httpx.post(url, json=chat).status_code == 401
         r = httpx.post(url, json=chat, headers={"Authorization": "Bearer nope"})
@@ -199,7 +199,10 @@ def test_keys_priorities_bad_fields_and_long_prompts_answer_401_429_400_and_coun
         ok_b = httpx.post(url, json=chat, headers=b)
         assert (ok_a.status_code, ok_b.status_code) == (200, 200)
         assert ok_a.json()["usage"]["completion_tokens"] == 3
-        m = metrics(srv.url)
+        # per-tenant series are the operator's: a tenant's key (or none) is refused
+        assert [httpx.get(srv.url + "/metrics", headers=h).status_code for h in ({}, a)] == [401, 401]
+        assert [httpx.get(srv.url + "/v1/models", headers=h).status_code for h in ({}, a)] == [401, 200]
+        m = metrics(srv.url, "key-op")
     assert recorder.seen == [("alpha", 3, 5, "tenant:alpha", True), ("beta", 0, None, "tenant:beta", False)]
     rejected = {k[1]: v for k, v in m.items() if k[0] == "metroline_rejections_total"}
     assert rejected == {
@@ -325,9 +328,9 @@ def test_an_empty_token_bucket_answers_429_with_retry_after():
         a = {"Authorization": "Bearer key-a"}
         assert httpx.post(url, json=body, headers=a).status_code == 200
         r = httpx.post(url, json=body, headers=a)
-        # the bucket held 100 - 60 (prompt) - 1 (output) = 39 (+ under 1 token refilled since):
-        # 60 - 39 = 21 tokens at 1 token/s
-        assert (r.status_code, r.headers["retry-after"]) == (429, "21")
+        # each request reserves its prompt and max_tokens: 60 + 1; the bucket held 100 - 61 = 39
+        # (+ under 1 token refilled since): 61 - 39 = 22 tokens at 1 token/s
+        assert (r.status_code, r.headers["retry-after"]) == (429, "22")
         assert r.json()["error"]["type"] == "rate_limit_error"
         assert httpx.post(url, json=body, headers={"Authorization": "Bearer key-b"}).status_code == 200
 
@@ -533,11 +536,12 @@ def test_every_serve_flag_reaches_the_server_config_over_the_config_file(tmp_pat
     path.write_text('[serve]\nport = 9000\nbuffer_tokens = 64\ndrain_s = 1.0\n')
     flags = ["--host", "0.0.0.0", "--port", "8123", "--max-waiting", "7", "--ramp-s", "2.5", "--buffer-tokens",
              "32", "--stall-timeout", "4", "--default-max-tokens", "9", "--drain-s", "3", "--no-cache-salt",
-             "--model", "m"]
+             "--model", "m", "--max-body-bytes", "65536", "--public-metrics"]
     config, serve, executor = serve_setup(build_parser().parse_args(["serve", "--config", str(path), *flags]))
     assert {k: getattr(serve, k) for k in SERVE_KEYS} == {
         "model": "m", "host": "0.0.0.0", "port": 8123, "max_waiting": 7, "ramp_s": 2.5, "buffer_tokens": 32,
-        "stall_timeout": 4.0, "default_max_tokens": 9, "drain_s": 3.0, "cache_salt": False}
+        "stall_timeout": 4.0, "default_max_tokens": 9, "drain_s": 3.0, "cache_salt": False,
+        "max_body_bytes": 65536, "public_metrics": True}
     _, serve, _ = serve_setup(build_parser().parse_args(["serve", "--config", str(path)]))
     assert (serve.port, serve.buffer_tokens, serve.drain_s, serve.cache_salt) == (9000, 64, 1.0, None)
     assert executor.name == "sim"

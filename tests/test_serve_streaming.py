@@ -232,3 +232,30 @@ def test_the_pre_encoded_text_frames_equal_the_general_encoding():
         shapes = p.Shapes("abc123", "m\u00e9tro \"sim\"", chat)
         for index, text, first in ((0, " 17", True), (2, 'quote " back\\slash \u00e9\n', False), (1, "", False)):
             assert shapes.delta(index, text, first).encode() == p.sse(shapes.chunk(text, first=first, index=index))
+
+
+def test_usage_is_streamed_once_only_when_asked_with_cached_tokens_and_a_fingerprint():
+    """As OpenAI's and vLLM's: without `stream_options.include_usage` no chunk has `usage`; with it,
+    one last chunk with no choices does, before [DONE]. `cached_tokens` counts the prompt tokens
+    the prefix cache served (block size 16: a repeated 40-token prompt finds 2 full blocks); a
+    request without `max_tokens` may generate the rest of the context."""
+    prompt = list(range(1, 41))
+    with sim_server(step_time=0.001, max_model_len=64) as srv:
+        def stream(options: dict | None) -> list[dict]:
+            body = {"prompt": prompt, "max_tokens": 3, "stream": True, **({"stream_options": options} if options else {})}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
+                lines = [x[6:] for x in r.iter_lines() if x.startswith("data: ")]
+            assert lines[-1] == "[DONE]"
+            return [json.loads(x) for x in lines[:-1]]
+
+        plain = stream(None)
+        asked = stream({"include_usage": True})
+        whole = httpx.post(srv.url + "/v1/completions", json={"prompt": prompt, "ignore_eos": True}).json()
+    assert not any("usage" in c for c in plain)
+    assert [("usage" in c) for c in asked] == [False] * (len(asked) - 1) + [True]
+    last = asked[-1]
+    assert last["choices"] == [] and last["usage"]["prompt_tokens"] == 40 and last["usage"]["completion_tokens"] == 3
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    fingerprints = {c["system_fingerprint"] for c in plain + asked} | {whole["system_fingerprint"]}
+    assert len(fingerprints) == 1 and fingerprints.pop().startswith("fp_")
+    assert whole["usage"]["completion_tokens"] == 64 - 40  # the rest of the context

@@ -106,12 +106,16 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stall-timeout", type=float, metavar="S",
                    help=f"cancel a stream paused for S seconds {default('stall_timeout')}")
     p.add_argument("--default-max-tokens", type=int, metavar="N",
-                   help=f"max_tokens of a request that gives none {default('default_max_tokens')}, "
-                   "within max_model_len")
+                   help="max_tokens of a request that gives none, within max_model_len (default: the rest "
+                   "of the context, as vLLM)")
     p.add_argument("--drain-s", type=float, metavar="S",
                    help=f"on SIGTERM, let streams finish for S seconds, then cancel them {default('drain_s')}")
     p.add_argument("--cache-salt", action=argparse.BooleanOptionalAction, default=None,
                    help="a prefix-cache salt per tenant (default: on with several tenants)")
+    p.add_argument("--max-body-bytes", type=int, metavar="N",
+                   help=f"refuse (413) a request body over N bytes before reading it {default('max_body_bytes')}")
+    p.add_argument("--public-metrics", action=argparse.BooleanOptionalAction, default=None,
+                   help="with tenants, /metrics needs no operator key ([serve] operator_keys) (default: off)")
 
 
 def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:

@@ -2,33 +2,30 @@
 routes each request with the `route` hook and proxies it to the chosen replica, as SGLang's router
 and vLLM's production-stack router do.
 
-For each request the front tokenizes the prompt (the chat template for a chat) into a
-`RouteRequest`, asks the `Router` which of the live replicas serves it (the router sees only those,
-as `RemoteView`s indexed 0..k-1), and passes the HTTP request through with httpx: a stream chunk
-by chunk, a plain answer whole. A router's `Refuse` answers 503 with its reason; no live replica
-503. Each replica's state is polled every `poll_s` seconds.
+A request is refused before anything else is done with it: without a valid key 401, its body over
+`max_body_bytes` 413 (before it is read), not JSON or a malformed field 400 (parsed in a worker
+thread); no refusal names a replica. Then the front tokenizes the prompt (its first
+`ROUTE_CHARS` characters: enough for a prefix estimate) into a `RouteRequest`, asks the `Router`
+which of the live replicas serves it (the router sees only those, as `RemoteView`s indexed
+0..k-1) and passes the HTTP request through (`front_proxy`): a stream chunk by chunk, a plain
+answer whole. A router's `Refuse` answers 503 with its reason; no live replica 503. Replicas are
+health-checked (`front_health`); a client that hangs up has its request cancelled at the replica.
 
-When a replica's process dies or its connection fails, its in-flight requests fail with one clear
-error naming it (not streamed: 502 in OpenAI's error shape; streamed: an error event, then
-`[DONE]`), it is marked down and the router is shown the others from then on; a request whose
-connection to a replica could not even be opened (or whose replica is found dead before it is
-sent) is routed again among the rest. `/health` is ok
-while a replica is up. The front owns the replicas: they are stopped when its lifespan ends.
+On SIGTERM the front stops taking requests, stops its replicas (they drain their streams for
+`drain_s`, each ending with a last event and `[DONE]`, which the front relays) and ends what is
+left itself. The front owns the replicas: they are stopped when its lifespan ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -38,22 +35,51 @@ from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
 from . import protocol as p
-from .front_canary import FrontCanary, content_events
+from .front_canary import FrontCanary
+from .front_health import Health
+from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
-from .remote_view import RemoteView
+from .front_proxy import Failed, Proxy, make_client
+from .reading import Refused, off_loop, parse_body, read_body, unauthorized
+from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
 
 _FORWARDED = ("authorization", "content-type", "accept")
 _RETURNED = ("content-type", "retry-after")
 REPLICA_HEADER = "x-metroline-replica"
-"""The response header naming the replica that served a request."""
+"""The response header naming the replica that served a request (never on a refusal)."""
+ROUTE_CHARS = 65536
+"""The characters of a text prompt the front tokenizes to route it (the replica tokenizes it all)."""
 
 
 def error(status: int, message: str, type_: str = "server_error", param: str | None = None) -> JSONResponse:
     return JSONResponse(p.error_body(message, type_, param), status_code=status)
 
 
-class Front:
+class _Gone(Exception):
+    """The client hung up."""
+
+
+async def until_disconnect(http: HTTPRequest, work: Any) -> Any:
+    """`await work`, cancelled (and `_Gone` raised) if the client hangs up meanwhile."""
+    async def gone() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise _Gone
+    return task.result()
+
+
+class Front(FrontPages):
     """The state behind the front's routes: the replicas, their views, the router, the metrics."""
 
     def __init__(self, replicas: list[Any], router: Router, serve: ServeConfig, tokenizer: Any,
@@ -65,89 +91,39 @@ class Front:
         self.serve = serve
         self.tenants = Tenants(serve)
         self.tokenizer = tokenizer
-        self.poll_s = poll_s
         self.created = int(time.time())
         self.metrics = FrontMetrics([(r.name, r.pool) for r in self.replicas])
         self.canary = canary(self.metrics.registry) if canary is not None else None
+        self.health = Health(self.replicas, self.views, self.metrics, serve.health_timeout_s, serve.down_after_s,
+                             poll_s, self._down)
+        self.proxy = Proxy(self.health, self.metrics, self.canary)
         self._stop_replicas = stop_replicas
-        self._live: tuple[RemoteView, ...] | None = None
-        self.client: httpx.AsyncClient | None = None
-
-    # --- the replicas' health ---------------------------------------------------------------------
+        self.closing = False
+        self._poller: asyncio.Task | None = None
 
     def live(self) -> tuple[RemoteView, ...]:
-        """The views of the replicas that are up, each `index` its place in this tuple."""
-        live = self._live
-        if live is None:
-            live = self._live = tuple(v for v in self.views if v.up)
-            for i, v in enumerate(live):
-                v.index = i
-        return live
+        return self.health.live()
 
     def mark_down(self, view: RemoteView, reason: str) -> None:
-        """Route nothing more to a replica (said once on stderr and in `/metrics`)."""
-        if not view.up:
-            return
-        view.up = False
-        self._live = None
-        self.metrics.up.labels(view.name, view.pool).set(0)
-        print(f"metroline: replica {view.name} down: {reason}", file=sys.stderr)
+        self.health.mark_down(view, reason)
 
-    def _mark_up(self, view: RemoteView) -> None:
-        if view.up:
-            return
-        view.up = True
-        self._live = None
-        self.metrics.up.labels(view.name, view.pool).set(1)
-        print(f"metroline: replica {view.name} up again", file=sys.stderr)
-
-    async def _failure(self, view: RemoteView, exc: BaseException) -> str:
-        """The error of a request whose replica's connection failed; the replica is marked down.
-        A process killed closes its sockets a moment before it can be reaped: up to 0.5 s is
-        given to learn how it ended."""
-        handle = self.replicas[view.slot]
-        if handle.kind == "process":
-            for _ in range(50):
-                if not handle.is_alive():
-                    break
-                await asyncio.sleep(0.01)
-        why = handle.why_down()
-        reason = "connection refused" if isinstance(exc, httpx.ConnectError) else "connection lost"
-        self.mark_down(view, f"{reason} ({why or type(exc).__name__})")
-        return f"replica {view.name} failed: {reason}" + (f" ({why})" if why else "")
-
-    async def _poll(self, view: RemoteView) -> None:
-        handle = self.replicas[view.slot]
-        if not handle.is_alive():
-            self.mark_down(view, handle.why_down() or "not running")
-            return
-        try:
-            r = await self.client.get(handle.url + "/v1/replica/state", timeout=2.0)
-        except httpx.ConnectError as exc:
-            self.mark_down(view, f"connection refused ({handle.why_down() or type(exc).__name__})")
-            return
-        except httpx.TransportError:
-            return  # slow to answer: keep the last state
-        if r.status_code == 200:
-            view.update(r.json())
-            self._mark_up(view)  # a replica marked down on a passing error that answers again
-
-    async def _poll_loop(self) -> None:
-        while True:
-            await asyncio.gather(*(self._poll(v) for v in self.views if v.up or self.replicas[v.slot].is_alive()))
-            await asyncio.sleep(self.poll_s)
+    def _down(self, view: RemoteView, reason: str) -> None:
+        self.proxy.cut(view.slot, f"replica {view.name} failed: {reason}")
 
     # --- routing and proxying ---------------------------------------------------------------------
 
     def _route_request(self, body: Any, chat: bool, tenant: str) -> RouteRequest:
-        """The `RouteRequest` of a validated body: its (first) prompt's tokens, its output bound."""
+        """The `RouteRequest` of a validated body: its (first) prompt's tokens (salted by tenant
+        when the replicas' caches are), its output bound."""
         tok = self.tokenizer
         if chat:
-            prompt = tok.chat_prompt([(m.role, m.text()) for m in body.messages])
+            prompt = tok.chat_prompt([(m.role, m.text()[:ROUTE_CHARS]) for m in body.messages])
         else:
             first = p.prompts_of(body.prompt)[0]
-            prompt = tok.encode(first) if isinstance(first, str) else list(first)
-        max_new = body.max_completion_tokens or body.max_tokens or self.serve.default_max_tokens
+            prompt = tok.encode(first[:ROUTE_CHARS]) if isinstance(first, str) else list(first)
+        if self.serve.salted:
+            prompt = SaltedPrompt(prompt, self.tenants.cache_salt(tenant) or tenant)
+        max_new = body.max_completion_tokens or body.max_tokens or self.serve.default_max_tokens or 256
         return RouteRequest(uuid.uuid4().hex, time.monotonic(), prompt, max_new, tenant, body.priority or 0)
 
     async def chat(self, http: HTTPRequest) -> Response:
@@ -156,31 +132,19 @@ class Front:
     async def completions(self, http: HTTPRequest) -> Response:
         return await self._complete(http, "/v1/completions", chat=False)
 
-    async def _complete(self, http: HTTPRequest, path: str, chat: bool) -> Response:
-        started = time.monotonic()
-        raw = await http.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"the body is not JSON: {exc}", "invalid_request_error")
-        try:
-            body = (p.ChatCompletionBody if chat else p.CompletionBody).model_validate(data)
-        except ValidationError as exc:
-            return error(400, p.describe(exc), "invalid_request_error", p.field_of(exc))
-        tenant = self.tenants.identify(http.headers.get("authorization")) or "unknown"  # the replica answers 401
-        request = self._route_request(body, chat, tenant)
-        tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
-        headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
-        arms = self.canary.arms(request) if self.canary is not None else None
-        while True:
+    def _chooser(self, request: RouteRequest, arms: Any) -> Callable[[set[int]], Any]:
+        """`route(tried)`: the view the router picks among the live replicas not tried yet (and in
+        the request's canary arm), or the error response when it cannot."""
+        def route(tried: set[int]) -> Any:
             live = self.live()
-            if arms is not None:  # a canary pool shows the request only its arm's replicas
-                live = tuple(v for v in live if self.canary.allows(v.slot, arms))
-                for i, v in enumerate(live):  # (every request of a cluster with a canary comes here)
+            if tried or arms is not None:
+                live = tuple(v for v in live if v.slot not in tried
+                             and (arms is None or self.canary.allows(v.slot, arms)))
+                for i, v in enumerate(live):
                     v.index = i
             if not live:
                 self.metrics.refused.labels("no_replica").inc()
-                return error(503, "no replica is up", "server_error")
+                return error(503, "no replica is up" if not tried else "no other replica is up", "server_error")
             try:
                 answer = self.router.choose(request, live)
             except PluginError as exc:
@@ -188,133 +152,85 @@ class Front:
             if isinstance(answer, Refuse):
                 self.metrics.refused.labels("router").inc()
                 return error(503, f"the router refused this request: {answer.reason}", "server_error")
-            view = live[answer]
-            handle = self.replicas[view.slot]
-            if not handle.is_alive():  # died since the last poll: route again among the others
-                self.mark_down(view, handle.why_down() or "not running")
-                continue
-            try:
-                upstream = await self.client.send(
-                    self.client.build_request("POST", handle.url + path, content=raw, headers=headers), stream=True)
-            except httpx.TransportError as exc:
-                if isinstance(exc, httpx.ConnectError):  # it never got the request: route it again
-                    await self._failure(view, exc)
-                    continue
-                self.metrics.failed.labels(view.name, view.pool).inc()
-                return error(502, await self._failure(view, exc))
-            break
-        view.routed(request)
-        view.outstanding.add(request.request_id, tokens)
-        labels = (view.name, view.pool)
-        self.metrics.routed.labels(*labels).inc()
-        self.metrics.in_flight.labels(*labels).inc()
+            return live[answer]
+
+        return route
+
+    async def _complete(self, http: HTTPRequest, path: str, chat: bool) -> Response:
+        started = time.monotonic()
+        if self.closing:
+            return error(503, "the server is shutting down")
+        tenant = self.tenants.identify(http.headers.get("authorization"))
+        if tenant is None:
+            return unauthorized().response(http)
+        try:
+            raw = await read_body(http, self.serve.max_body_bytes)
+            body = await off_loop(parse_body, raw, chat, size=len(raw))
+        except Refused as refused:
+            return refused.response(http)
+        request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))
+        tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
+        headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
+        arms = self.canary.arms(request) if self.canary is not None else None
+        try:
+            got = await until_disconnect(http, self.proxy.dispatch(
+                self._chooser(request, arms), request, tokens, path, raw, headers))
+        except _Gone:
+            return Response(status_code=499)
+        except Failed as exc:
+            return error(502, str(exc))
+        if isinstance(got, Response):
+            return got
+        view, upstream = got
         out_headers = {k: v for k, v in upstream.headers.items() if k in _RETURNED}
         out_headers[REPLICA_HEADER] = view.name
         if body.stream and upstream.status_code == 200:
-            return StreamingResponse(self._relay(upstream, view, request.request_id, started),
+            return StreamingResponse(self.proxy.relay(upstream, view, request.request_id, started),
                                      status_code=200, headers=out_headers)
         try:
-            content = await upstream.aread()
-        except httpx.TransportError as exc:
-            self.metrics.failed.labels(*labels).inc()
-            return error(502, await self._failure(view, exc))
-        finally:
-            await upstream.aclose()
-            self._ended(view, request.request_id, started)
-        return Response(content, status_code=upstream.status_code, headers=out_headers)
-
-    def _ended(self, view: RemoteView, request_id: str, started: float) -> None:
-        view.outstanding.end(request_id)
-        self.metrics.in_flight.labels(view.name, view.pool).dec()
-        self.metrics.e2e.labels(view.name, view.pool).observe(time.monotonic() - started)
-
-    async def _relay(self, upstream: httpx.Response, view: RemoteView, request_id: str,
-                     started: float) -> AsyncIterator[bytes]:
-        """The replica's server-sent events, chunk by chunk; a lost connection ends the stream with
-        an error event naming the replica, then `[DONE]`."""
-        first, complete = True, True
-        first_event = last_event = None
-        events = 0
-        try:
-            async for chunk in upstream.aiter_raw():
-                now = time.monotonic()
-                if first:
-                    first = False
-                    self.metrics.ttft.labels(view.name, view.pool).observe(now - started)
-                complete = chunk.endswith(b"\n\n")
-                n = content_events(chunk)
-                if n:
-                    first_event = first_event if first_event is not None else now
-                    last_event, events = now, events + n
-                yield chunk
-            if self.canary is not None:
-                self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
+            content = await until_disconnect(http, upstream.aread())
+        except _Gone:
+            return Response(status_code=499)
         except httpx.TransportError as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
-            message = await self._failure(view, exc)
-            yield (b"" if complete else b"\n\n") + p.sse(p.error_body(message, "server_error")) + p.DONE
+            return error(502, await self.health.failure(view, exc))
         finally:
             await upstream.aclose()
-            self._ended(view, request_id, started)
+            self.proxy.ended(view, request.request_id, started)
+        return Response(content, status_code=upstream.status_code, headers=out_headers)
 
-    # --- the other routes -------------------------------------------------------------------------
+    # --- life cycle -------------------------------------------------------------------------------
 
-    async def models(self, http: HTTPRequest) -> Response:
-        card = {"id": self.serve.model, "object": "model", "created": self.created, "owned_by": "metroline"}
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def health(self, http: HTTPRequest) -> Response:
-        replicas = {v.name: v.up for v in self.views}
-        if not any(replicas.values()):
-            return JSONResponse({**p.error_body("no replica is up", "server_error"), "replicas": replicas},
-                                status_code=503)
-        return JSONResponse({"status": "ok", "replicas": replicas})
-
-    async def replicas_state(self, http: HTTPRequest) -> Response:
-        """`GET /v1/replicas`: each replica's name, pool, URL, whether it is up, the front's
-        outstanding counts and its last polled state."""
-        return JSONResponse({"replicas": [
-            {"name": v.name, "pool": v.pool, "url": self.replicas[v.slot].url, "up": v.up,
-             "outstanding_requests": v.outstanding_requests, "outstanding_tokens": v.outstanding_tokens,
-             "state": v.state}
-            for v in self.views]})
-
-    async def canary_report(self, http: HTTPRequest) -> Response:
-        """`GET /v1/canary`: each canary pool's arms, their rows and their comparison
-        (`front_canary.py`); 404 without a canary."""
-        if self.canary is None:
-            return error(404, "no pool of this cluster has a canary ([cluster.pools.NAME.canary])",
-                         "invalid_request_error")
-        return JSONResponse(await asyncio.to_thread(self.canary.report))
-
-    async def prometheus(self, http: HTTPRequest) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    async def replica_metrics(self, http: HTTPRequest) -> Response:
-        """`GET /replicas/<name>/metrics`: that replica's own Prometheus text."""
-        name = http.path_params["name"]
-        view = next((v for v in self.views if v.name == name), None)
-        if view is None:
-            return error(404, f"no replica named {name!r} ({', '.join(v.name for v in self.views)})",
-                         "invalid_request_error")
-        try:
-            r = await self.client.get(self.replicas[view.slot].url + "/metrics", timeout=5.0)
-        except httpx.TransportError as exc:
-            return error(502, f"replica {name} failed: {type(exc).__name__}")
-        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+    async def drain(self) -> None:
+        """On SIGTERM: refuse new requests, stop the replicas (each drains its streams for
+        `drain_s`, ending the rest with an error event and `[DONE]`), relay what they send, and
+        end any stream still open after that with an error event and `[DONE]` itself."""
+        self.closing = True
+        if self._poller is not None:  # the replicas stop accepting now: that is no failure
+            self._poller.cancel()
+        for r in self.replicas:
+            process = getattr(r, "process", None)
+            if process is not None and process.is_alive():
+                process.terminate()
+        deadline = time.monotonic() + self.serve.drain_s + 3.0
+        while any(self.proxy.streams.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.proxy.cut(None, "cancelled (the server is shutting down)")
+        deadline = time.monotonic() + 2.0
+        while any(self.proxy.streams.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None), limits=limits)
-        poller = asyncio.create_task(self._poll_loop())
+        client = self.proxy.client = make_client()
+        poller = self._poller = asyncio.create_task(self.health.run(client))
         try:
             yield
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-            await self.client.aclose()
+            await client.aclose()
             if self._stop_replicas is not None:
                 await asyncio.to_thread(self._stop_replicas, self.replicas)
 
@@ -331,8 +247,8 @@ def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None =
     canary = None
     if cluster is not None and cluster[0].has_canary:
         canary = lambda registry: FrontCanary(cluster[0], cluster[1], registry)  # noqa: E731
-    front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s, stop_replicas,
-                  canary)
+    front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s,
+                  stop_replicas, canary)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", front.chat, methods=["POST"]),
@@ -340,11 +256,12 @@ def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None =
             Route("/v1/models", front.models, methods=["GET"]),
             Route("/v1/replicas", front.replicas_state, methods=["GET"]),
             Route("/v1/canary", front.canary_report, methods=["GET"]),
-            Route("/health", front.health, methods=["GET"]),
+            Route("/health", front.health_route, methods=["GET"]),
             Route("/metrics", front.prometheus, methods=["GET"]),
             Route("/replicas/{name}/metrics", front.replica_metrics, methods=["GET"]),
         ],
         lifespan=front.lifespan,
     )
     app.state.front = front
+    app.state.drain = front.drain
     return app

@@ -5,7 +5,9 @@ come from the replica's polled `/v1/replica/state` and the front's own bookkeepi
 ended: exact, updated at routing and at completion); the queue and KV numbers are the last poll's
 (every ~50 ms); `prefix_hit(request)` is an estimate: the front remembers the prompt blocks it
 routed to each replica (`RoutedPrefixes`, hashed as `RouteRequest.block_chain` hashes them,
-least-recently-used first out) instead of asking the replica's cache.
+least-recently-used first out) instead of asking the replica's cache. With per-tenant cache salts
+(`ServeConfig.salted`) the front hashes each tenant's prompt blocks from its own salt
+(`SaltedPrompt`), as the replicas' caches do: one tenant's hits never tell of another's prompts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,28 @@ from typing import Any
 from ..cluster.view import Outstanding, ReplicaView, RouteRequest
 
 DEFAULT_BLOCK_SIZE = 16
+
+
+class SaltedPrompt(list):
+    """A prompt's tokens whose block hashes (`RouteRequest.block_chain`) chain from a salt (a
+    tenant's), so that equal prompts of different tenants share no block."""
+
+    __slots__ = ("salt",)
+
+    def __init__(self, tokens: list[int], salt: str) -> None:
+        super().__init__(tokens)
+        self.salt = salt
+
+    def block_chain(self, block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
+        """`[(chained hash, tokens), ...]` of the full blocks among the first `max_tokens`, the
+        first block's parent being the salt."""
+        out = []
+        parent: int = hash(("cache_salt", self.salt))
+        for pos in range(0, min(len(self), max_tokens) - block_size + 1, block_size):
+            tokens = tuple(self[pos:pos + block_size])
+            parent = hash((parent, tokens, None))
+            out.append((parent, tokens))
+        return out
 
 
 class RoutedPrefixes:

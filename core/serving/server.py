@@ -26,27 +26,50 @@ def make_engine(config: EngineConfig, executor: Any, plugins: list[Any] = ()) ->
     return Engine(config, executor, plugins=extra, retain_finished=False)
 
 
+KEEP_ALIVE_S = 30
+"""Seconds an idle HTTP connection stays open (uvicorn's `timeout_keep_alive`); a front's client
+lets its own go sooner (`metroline.core.serving.front_proxy`), so it never reuses one the server is
+closing."""
+
+
 def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uvicorn.Config:
     # uvicorn picks httptools and uvloop when installed (the `serve` extra); no access log and no
     # proxy-header middleware: nothing here reads the client's address, and every streamed chunk
     # resumes the whole middleware stack
     return uvicorn.Config(
         app, host=serve.host, port=serve.port if port is None else port, log_level="warning",
-        timeout_graceful_shutdown=max(1, int(serve.drain_s)), lifespan="on", access_log=False,
-        proxy_headers=False,
+        timeout_graceful_shutdown=2, lifespan="on", access_log=False, proxy_headers=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, draining the app before it closes connections: on SIGTERM (or `should_exit`) it
+    stops accepting, awaits the app's `app.state.drain()` (streams finish within `drain_s`, the
+    rest end with an error event and `[DONE]`), then shuts down as uvicorn does: nothing is left
+    for its graceful timeout to cancel."""
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        state = getattr(self.config.app, "state", None)
+        drain = getattr(state, "drain", None) if state is not None else None
+        if drain is not None and not self.force_exit:
+            for server in self.servers:
+                server.close()  # stop accepting
+            await drain()
+        await super().shutdown(sockets)
+
+
 def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None) -> None:
-    """Serve until SIGINT/SIGTERM: uvicorn stops accepting, in-flight streams get `drain_s` seconds
-    to finish, then the engine loop cancels the rest and frees their blocks."""
+    """Serve until SIGINT/SIGTERM: the server stops accepting, in-flight streams get `drain_s`
+    seconds to finish, then the engine loop cancels the rest (each ends with an error event and
+    `[DONE]`) and frees their blocks."""
     serve_app(build_app(engine, serve_config, tokenizer), serve_config)
 
 
 def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:
     """Serve any ASGI app with the server's uvicorn settings until SIGINT/SIGTERM (on `sockets`,
     already bound, when given)."""
-    uvicorn.Server(_uvicorn_config(app, serve_config)).run(sockets=sockets)
+    DrainingServer(_uvicorn_config(app, serve_config)).run(sockets=sockets)
 
 
 class AppThread:
@@ -58,7 +81,7 @@ class AppThread:
                  host: str = "127.0.0.1") -> None:
         serve = (serve or ServeConfig()).model_copy(update={"host": host, "port": 0})
         self.app = app
-        self._uv = uvicorn.Server(_uvicorn_config(self.app, serve))
+        self._uv = DrainingServer(_uvicorn_config(self.app, serve))
         self._uv.install_signal_handlers = lambda: None  # not the main thread
         self._thread = threading.Thread(target=self._run, name="metroline-server", daemon=True)
         self._start_timeout = start_timeout

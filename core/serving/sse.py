@@ -89,7 +89,8 @@ class EventStream:
     response). `on_abort(request_id)` cancels the request when the client goes away."""
 
     def __init__(self, stream: RequestStream | StreamGroup, shapes: p.Shapes, tokenizer: Any, hold: int,
-                 include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None) -> None:
+                 include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None,
+                 writing: Any = None) -> None:
         self.stream = stream
         self.shapes = shapes
         self.texts = [ChoiceText(c, tokenizer, hold, i) for i, c in enumerate(stream.choices)]
@@ -98,13 +99,18 @@ class EventStream:
         self.marks = marks
         """When a list: the time of the first write of text is appended to it (`clock()`)."""
         self.clock = clock
+        self.writing = writing
+        """When given: `writing(1)` as the response starts, `writing(-1)` once it has ended (a
+        server's drain waits for its streams' last bytes)."""
         self.gone = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         stream = self.stream
-        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        if self.writing is not None:
+            self.writing(1)
         watcher = asyncio.ensure_future(self._watch(receive))
         try:
+            await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
             while not self.gone:
                 await stream.wait()
                 frames = self._frames()
@@ -117,6 +123,8 @@ class EventStream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+            if self.writing is not None:
+                self.writing(-1)
             if not stream.finished:
                 for rid in stream.request_ids:
                     self.on_abort(rid)
@@ -132,14 +140,14 @@ class EventStream:
     def _frames(self) -> bytes:
         """The frames of what the engine produced since the last write: new text of the running
         choices, the last chunk of those that ended (usage on the request's last), then, at the
-        request's end, the usage chunk when asked and [DONE]."""
+        request's end, the usage chunk when asked (`stream_options.include_usage`: a chunk with no
+        choices) and [DONE]."""
         stream, shapes = self.stream, self.shapes
         if stream.finish_reason in (FinishReason.FAILED, FinishReason.CANCELLED):
             msg = ("cancelled" if stream.finish_reason is FinishReason.CANCELLED
                    else f"the engine failed this request: {stream.error}")
             return p.sse(p.error_body(msg, "server_error")) + p.DONE
         out: list[str] = []
-        ending = [t for t in self.texts if not t.done and t.choice.finish_reason is not None]
         for t in self.texts:
             if t.done:
                 continue
@@ -154,14 +162,12 @@ class EventStream:
                     t.first = False
                 continue
             t.done = True
-            use = None
-            if stream.finished and t is ending[-1]:
-                use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens)
             reason = OPENAI_REASON.get(t.choice.finish_reason, "stop")
-            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, use=use, index=t.index,
+            out.append(p.sse_text(shapes.chunk(new, reason, first=t.first, index=t.index,
                                                logprobs=t.new_logprobs(shapes.chat))))
-            if use is not None and self.include_usage:
-                out.append(p.sse_text(shapes.usage_chunk(use)))
+        if stream.finished and self.include_usage:  # OpenAI's: one last chunk, no choices, the usage
+            use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens, stream.cached_tokens)
+            out.append(p.sse_text(shapes.usage_chunk(use)))
         if stream.finished:
             out.append(p.DONE_TEXT)
         return "".join(out).encode()

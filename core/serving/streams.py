@@ -44,7 +44,8 @@ class RequestStream:
     has ended (every sample, or the request failed or was cancelled). `on_read(stream)` is told
     each time the handler has taken everything (backpressure resumes a paused request there)."""
 
-    __slots__ = ("request", "choices", "unread", "finish_reason", "error", "_live", "_event", "_on_read")
+    __slots__ = ("request", "choices", "unread", "finish_reason", "error", "cached_tokens", "_live", "_event",
+                 "_on_read")
 
     def __init__(self, request: Request, on_read: Callable[[RequestStream], None] | None = None,
                  event: asyncio.Event | None = None) -> None:
@@ -53,6 +54,7 @@ class RequestStream:
         self.unread = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache (known at the first token)
         self._live = {0}  # samples not ended (the others appear at the first token)
         self._event = event or asyncio.Event()  # a `StreamGroup`'s streams share theirs
         self._on_read = on_read
@@ -129,6 +131,10 @@ class StreamGroup:
     @property
     def num_prompt_tokens(self) -> int:
         return sum(s.num_prompt_tokens for s in self.streams)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(s.cached_tokens for s in self.streams)
 
     @property
     def num_output_tokens(self) -> int:

@@ -12,8 +12,15 @@ api_keys = ["sk-beta-1"]
 
 With no tenants configured the server needs no key and every request is tenant `default`. With
 tenants, `Authorization: Bearer KEY` names one, and an unknown or missing key is refused (401).
-Token-rate quotas are `tenant_quota`'s (`[plugin_options.tenant_quota]`); the server answers 429
-with `Retry-After` when the tenant's bucket cannot pay for the prompt now.
+Token-rate quotas are `tenant_quota`'s (`[plugin_options.tenant_quota]`): the server reserves a
+request's prompt plus `max_tokens x n` output tokens in the tenant's bucket when it takes it, answers
+429 with `Retry-After` when the bucket cannot pay for that now, and refunds the unused output tokens
+when it ends (`metroline.plugins_contrib.tenant_quota.TenantQuota.reserve`).
+
+`operator_keys` are the keys of whoever runs the server: with tenants configured, `/metrics` (its
+per-tenant series) needs one (`public_metrics = true` opens it to anyone), and the front's
+`/v1/replicas`, `/v1/canary` and `/replicas/NAME/metrics` too; `/v1/models` needs a tenant's or an
+operator's key. `/health` is open (load balancers ask it).
 """
 
 from __future__ import annotations
@@ -48,6 +55,14 @@ class ServeConfig(BaseModel):
 
     `cache_salt`: a per-tenant prefix-cache salt, so that one tenant cannot probe another's prompts
     by timing; None means on when several tenants are configured.
+    `default_max_tokens`: the `max_tokens` of a request that gives none; None (the default, as
+    vLLM): the rest of the context (`max_model_len` less the prompt).
+    `max_body_bytes`: a request body above this is refused (413) before it is read (its
+    `Content-Length`, else as it arrives); 16 MiB by default. `max_prompt_chars`: a text prompt
+    longer than this is refused (400) before it is tokenized; None: `max_model_len` times the
+    longest token of the vocabulary in characters (no prompt past it can fit the context).
+    `health_timeout_s`, `down_after_s` (a front): each replica's state is polled with that timeout;
+    a replica that has not answered for `down_after_s` seconds is marked down (a frozen process).
     `buffer_tokens`, `stall_timeout`: backpressure. A streamed request whose client has not taken
     its last `buffer_tokens` tokens (it stopped reading and the socket buffers are full) is paused:
     the engine stops serving it but keeps its blocks, and resumes it as soon as the client reads
@@ -63,9 +78,15 @@ class ServeConfig(BaseModel):
     ramp_s: float = Field(default=0.0, ge=0.0)
     buffer_tokens: int = Field(default=1024, ge=1)
     stall_timeout: float = Field(default=30.0, gt=0.0)
-    default_max_tokens: int = Field(default=256, ge=1)
+    default_max_tokens: int | None = Field(default=None, ge=1)
     drain_s: float = Field(default=10.0, ge=0.0)
     cache_salt: bool | None = None
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_prompt_chars: int | None = Field(default=None, ge=1)
+    operator_keys: list[str] = Field(default_factory=list)
+    public_metrics: bool = False
+    health_timeout_s: float = Field(default=1.0, gt=0.0)
+    down_after_s: float = Field(default=3.0, gt=0.0)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -76,6 +97,9 @@ class ServeConfig(BaseModel):
                 if key in seen:
                     raise ValueError(f"tenants.{name}.api_keys: key already given to tenant {seen[key]!r}")
                 seen[key] = name
+        for key in self.operator_keys:
+            if key in seen:
+                raise ValueError(f"operator_keys: key already given to tenant {seen[key]!r}")
         return self
 
     @property
@@ -94,12 +118,30 @@ class Tenants:
         """The tenant of the header, `default` when no tenants are configured, None if unknown."""
         if not self.config.tenants:
             return "default"
+        key = self.key_of(authorization)
+        return None if key is None else self.by_key.get(key)
+
+    def key_of(self, authorization: str | None) -> str | None:
+        """The bearer key of an `Authorization` header, or None."""
         if not authorization:
             return None
         scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return self.by_key.get(key.strip())
+        return key.strip() if scheme.lower() == "bearer" else None
+
+    def is_operator(self, authorization: str | None) -> bool:
+        """Whether the header carries one of the `operator_keys`."""
+        return bool(self.config.operator_keys) and self.key_of(authorization) in self.config.operator_keys
+
+    def may_read(self, authorization: str | None, what: str) -> bool:
+        """Whether the header may read an operator's page (`what`: "metrics", "models" (a tenant's
+        key will do), "operator"): always without tenants."""
+        if not self.config.tenants:
+            return True
+        if self.is_operator(authorization):
+            return True
+        if what == "metrics":
+            return self.config.public_metrics
+        return what == "models" and self.identify(authorization) is not None
 
     def priority(self, tenant: str, asked: int | None) -> tuple[int, str | None]:
         """(the request's priority, a problem or None) for `tenant` asking `asked`."""
@@ -118,22 +160,10 @@ class Tenants:
         return f"tenant:{tenant}" if self.config.salted else None
 
 
-def quota_retry_after(engine: Any, tenant: str, prompt_tokens: int) -> float | None:
-    """Seconds until `tenant_quota`'s bucket of `tenant` can pay for `prompt_tokens`, or None when
-    it can now (or no token rate applies)."""
+def quota_of(engine: Any) -> Any:
+    """The engine's `tenant_quota` plugin when it limits a token rate, else None."""
     try:
         quota = engine.plugins.get("tenant_quota")
     except (KeyError, LookupError):
         return None
-    if quota is None or not getattr(quota, "_rated", False):
-        return None
-    now = engine.executor.now()
-    bucket = quota.bucket(tenant, now)
-    if bucket is None:
-        return None
-    # read, not refill: the engine's step (another thread) owns the bucket
-    level = min(bucket.burst, bucket.level + bucket.rate * max(0.0, now - bucket.last))
-    need = min(prompt_tokens, bucket.burst)
-    if level + 1e-9 >= need:
-        return None
-    return (need - level) / bucket.rate
+    return quota if quota is not None and getattr(quota, "_rated", False) else None

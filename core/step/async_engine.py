@@ -49,6 +49,7 @@ class AsyncEngine:
     - `buffer_tokens`, `stall_timeout`: a stream whose reader is `buffer_tokens` tokens behind is
       paused; paused for `stall_timeout` seconds, it is cancelled.
     - `after_step(engine, outputs)`: called on the event loop after every step (metrics).
+    - `on_end(stream)`: called on the event loop when a request has ended (a quota's refund).
     - `idle_poll`: seconds to wait after a step that scheduled nothing while requests wait and no
       plugin asked to be woken up at a given time.
     """
@@ -63,18 +64,16 @@ class AsyncEngine:
         stall_timeout: float = 30.0,
         after_step: Callable[[Engine, list[RequestOutput]], None] | None = None,
         idle_poll: float = 0.005,
+        on_end: Callable[[RequestStream], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
         self.ramp_s = ramp_s
         self.buffer_tokens = buffer_tokens
         self.stall_timeout = stall_timeout
-        self.after_step = after_step
-        self.idle_poll = idle_poll
+        self.after_step, self.on_end, self.idle_poll = after_step, on_end, idle_poll
         self.streams: dict[str, RequestStream] = {}
-        self.steps = 0
-        self.failed_steps = 0
-        self.pauses = 0
+        self.steps = self.failed_steps = self.pauses = 0
         self.backpressure = Backpressure()
         engine.plugins.add(Backpressure.name, self.backpressure)
         self._inline = hasattr(engine.executor, "deferred")
@@ -186,6 +185,8 @@ class AsyncEngine:
         self.streams.pop(stream.request_id, None)
         self.backpressure.resume(stream.request_id, self.stall_timeout)
         stream._event.set()
+        if self.on_end is not None:
+            self.on_end(stream)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> list[RequestStream]:
         """Hand the step's tokens to their streams, end those that ended, pause those whose reader
@@ -199,7 +200,10 @@ class AsyncEngine:
                 continue
             seq = out.seq
             choice = stream.choices[seq.index]
-            (firsts if not choice.tokens and seq.index == 0 else touched)[out.request_id] = stream
+            if not choice.tokens and seq.index == 0:
+                firsts[out.request_id], stream.cached_tokens = stream, seq.num_cached_prompt_tokens
+            else:
+                touched[out.request_id] = stream
             if out.new_token_ids:
                 choice.tokens.extend(out.new_token_ids)
                 choice.text, choice.logprobs = seq.text, seq.logprobs
@@ -294,4 +298,3 @@ class AsyncEngine:
     def describe(self) -> dict[str, Any]:
         return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
                 "paused": len(self.backpressure.paused), "pauses": self.pauses}
-

@@ -1,0 +1,160 @@
+"""Abusive requests against `metroline serve` (a real process on 127.0.0.1, alone or as the front of
+`--replicas 2`): how fast each is refused, and how long a concurrent normal stream waited between
+two tokens meanwhile, against that stream's own baseline (the same stream with no abuse).
+
+Each abuse is sent while a fresh stream of `--tokens` tokens runs (the server's stand-in tokens on
+the simulated executor, `--step-time` seconds a step): a 20 MB body without a key (401), the same
+with a key (413: over `max_body_bytes`), a 1 MB text prompt (400: more characters than any prompt
+that fits the context, refused before tokenizing), a 100 MB body with a key (413), a body nested
+100,000 deep (400), a `response_format` with 5,000 `anyOf` branches (400 at submission), 10,000
+stop strings (400). Printed per abuse: the status, the refusal's wall time at the client (which
+includes sending the body over loopback), and the stream's max and p99 inter-token gap (read by a
+client process of its own).
+
+Run:  python bench/serve_abuse.py [--replicas 2] [--tokens 600] [--step-time 0.005]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "sk-bench"
+CONFIG = f"""
+max_model_len = 4096
+[serve]
+[serve.tenants.bench]
+api_keys = ["{KEY}"]
+[serve.tenants.other]
+api_keys = ["sk-other"]
+"""
+
+
+def start(replicas: int, step_time: float, folder: Path) -> tuple[subprocess.Popen, str]:
+    config = folder / "serve.toml"
+    config.write_text(CONFIG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = ["--replicas", str(replicas)] if replicas > 1 else []
+    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port", str(port),
+                             "--cost-model", "steps", "--step-time", str(step_time), *flags],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("the server did not start")
+
+
+def stream_gaps(url: str, tokens: int, out: list[float], started: threading.Event) -> None:
+    body = {"prompt": "a steady stream", "max_tokens": tokens, "stream": True, "ignore_eos": True}
+    last = None
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            now = time.monotonic()
+            if last is not None:
+                out.append(now - last)
+            else:
+                started.set()
+            last = now
+
+
+def abuses() -> list[tuple[str, dict, bytes]]:
+    key = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
+    plain = {"content-type": "application/json"}
+    anyof = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(5000)]}
+    return [
+        ("20 MB body, no key", plain, json.dumps({"prompt": "x" * (20 << 20)}).encode()),
+        ("20 MB body, a key", key, json.dumps({"prompt": "x" * (20 << 20)}).encode()),
+        ("1 MB text prompt", key, json.dumps({"prompt": "y" * (1 << 20)}).encode()),
+        ("100 MB body, a key", key, b'{"prompt": "' + b"z" * (100 << 20) + b'"}'),
+        ("body nested 100k deep", key, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        ("anyOf of 5,000 schemas", key, json.dumps({"prompt": "hi", "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": anyof}}}).encode()),
+        ("10,000 stop strings", key, json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}).encode()),
+    ]
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+
+
+def measured(url: str, tokens: int, abuse: tuple[str, dict, bytes] | None) -> tuple[list[float], int, float]:
+    """(the concurrent stream's gaps, the abuse's status, its wall time). The stream is read by a
+    process of its own, so that sending the abuse does not hold its interpreter lock."""
+    reader = subprocess.Popen([sys.executable, __file__, "--reader", url, "--tokens", str(tokens)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert reader.stdout is not None and reader.stdout.readline().strip() == "started"
+    time.sleep(0.2)
+    status, took = 0, 0.0
+    if abuse is not None:
+        _, headers, body = abuse
+        t0 = time.monotonic()
+        status = httpx.post(url + "/v1/completions", content=body, headers=headers, timeout=120).status_code
+        took = time.monotonic() - t0
+    gaps = json.loads(reader.stdout.read())
+    reader.wait(30)
+    return gaps, status, took
+
+
+def read_stream(url: str, tokens: int) -> None:
+    gaps: list[float] = []
+    started = threading.Event()
+    t = threading.Thread(target=stream_gaps, args=(url, tokens, gaps, started), daemon=True)
+    t.start()
+    started.wait(30)
+    print("started", flush=True)
+    t.join(120)
+    print(json.dumps(gaps), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=600)
+    ap.add_argument("--step-time", type=float, default=0.005)
+    ap.add_argument("--reader", metavar="URL", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.reader:
+        return read_stream(args.reader, args.tokens)
+    with tempfile.TemporaryDirectory() as folder:
+        proc, url = start(args.replicas, args.step_time, Path(folder))
+        try:
+            base, _, _ = measured(url, args.tokens, None)
+            where = "the front of --replicas %d" % args.replicas if args.replicas > 1 else "one server"
+            print(f"{where}; a concurrent stream of {args.tokens} tokens, {args.step_time * 1e3:g} ms a step")
+            print(f"  {'abuse':<24} {'status':>6} {'refused in':>11} {'max gap':>9} {'p99 gap':>9}")
+            print(f"  {'(none: baseline)':<24} {'':>6} {'':>11} {max(base) * 1e3:7.1f}ms {p99(base) * 1e3:7.1f}ms")
+            for abuse in abuses():
+                gaps, status, took = measured(url, args.tokens, abuse)
+                print(f"  {abuse[0]:<24} {status:>6} {took * 1e3:9.1f}ms {max(gaps) * 1e3:7.1f}ms "
+                      f"{p99(gaps) * 1e3:7.1f}ms")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

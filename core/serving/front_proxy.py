@@ -1,0 +1,148 @@
+"""Sending a routed request to its replica and relaying the answer (`metroline.core.serving.front`).
+
+`Proxy.dispatch` records the routing before it sends (the replica's outstanding requests and
+tokens, its remembered prompt blocks), so the next request's router sees it at once. A request the
+replica never got (a refused or timed-out connection, a reused idle connection found closed) is
+routed again among the replicas not tried yet; a replica that dies with the request, or an error
+once it has begun answering, ends the request: 502 in OpenAI's error shape, or for a stream an error event, then `[DONE]`.
+`Proxy.cut(slot, message)` ends the streams in flight at one replica (marked down) or all of them
+(a drain that ran out of time) the same way.
+
+The client is httpx's, with its pool limits and timeouts: a connection is opened within
+`CONNECT_S`, an idle one is let go before the replicas' uvicorn closes it (`KEEP_ALIVE_S`), and
+no read timeout (a request may wait in a replica's queue; a frozen replica is the health check's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from ..cluster.view import RouteRequest
+from . import protocol as p
+from .front_canary import content_events
+from .front_health import Health
+from .front_metrics import FrontMetrics
+from .remote_view import RemoteView
+from .server import KEEP_ALIVE_S
+
+CONNECT_S = 2.0
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Errors before a connection was had: the request is sent to another replica."""
+_RESET = (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError)
+"""Errors of a connection closed before any answer: a reused idle connection the server had
+closed, when the replica lives on (sent again, to another replica); a replica that died with the
+request (502: it may have begun computing it)."""
+MAX_ATTEMPTS = 3
+
+
+def make_client() -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=KEEP_ALIVE_S / 2)
+    return httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=CONNECT_S, read=None, pool=CONNECT_S),
+                             limits=limits)
+
+
+class Failed(Exception):
+    """A request that no replica could take, or whose replica failed before answering."""
+
+
+class Proxy:
+    """Sends requests to replicas and relays their answers; knows every stream in flight."""
+
+    def __init__(self, health: Health, metrics: FrontMetrics, canary: Any) -> None:
+        self.health = health
+        self.metrics = metrics
+        self.canary = canary
+        self.client: httpx.AsyncClient | None = None
+        self.streams: dict[int, dict[httpx.Response, list[str]]] = {}
+        """slot -> {upstream response of a stream in flight there: [why it was cut, if it was]}."""
+
+    async def dispatch(self, route: Any, request: RouteRequest, tokens: int, path: str, raw: bytes,
+                       headers: dict[str, str]) -> tuple[RemoteView, httpx.Response] | Any:
+        """(view, upstream response with its headers read) of the replica that took the request;
+        `route(tried)` chooses a view among the live ones not in `tried` (or answers a response:
+        a refusal, returned as it is)."""
+        tried: set[int] = set()
+        last = ""
+        for _ in range(MAX_ATTEMPTS):
+            view = route(tried)
+            if not isinstance(view, RemoteView):
+                return view
+            handle = self.health.replicas[view.slot]
+            tried.add(view.slot)
+            if not handle.is_alive():  # died since the last poll: route again among the others
+                self.health.mark_down(view, handle.why_down() or "not running")
+                continue
+            view.routed(request)  # recorded at dispatch: the next request's router sees it
+            view.outstanding.add(request.request_id, tokens)
+            try:
+                upstream = await self.client.send(
+                    self.client.build_request("POST", handle.url + path, content=raw, headers=headers), stream=True)
+            except BaseException as exc:
+                view.outstanding.end(request.request_id)
+                if not isinstance(exc, httpx.TransportError):
+                    raise
+                last = await self.health.failure(view, exc)
+                if isinstance(exc, _NEVER_SENT) or (isinstance(exc, _RESET) and handle.is_alive()):
+                    continue  # the replica never took it: another one may
+                self.metrics.failed.labels(view.name, view.pool).inc()
+                raise Failed(last) from None
+            labels = (view.name, view.pool)
+            self.metrics.routed.labels(*labels).inc()
+            self.metrics.in_flight.labels(*labels).inc()
+            return view, upstream
+        raise Failed(last or "no replica took the request")
+
+    def ended(self, view: RemoteView, request_id: str, started: float) -> None:
+        view.outstanding.end(request_id)
+        self.metrics.in_flight.labels(view.name, view.pool).dec()
+        self.metrics.e2e.labels(view.name, view.pool).observe(time.monotonic() - started)
+
+    def cut(self, slot: int | None, message: str) -> None:
+        """End the streams in flight at replica `slot` (None: everywhere) with an error event."""
+        for s, streams in self.streams.items():
+            if slot is None or s == slot:
+                for upstream, why in streams.items():
+                    if not why:
+                        why.append(message)
+                        asyncio.ensure_future(upstream.aclose())
+
+    async def relay(self, upstream: httpx.Response, view: RemoteView, request_id: str,
+                    started: float) -> AsyncIterator[bytes]:
+        """The replica's server-sent events, chunk by chunk; a lost connection (or a cut) ends the
+        stream with an error event naming the replica, then `[DONE]`."""
+        first, complete = True, True
+        first_event = last_event = None
+        events = 0
+        why: list[str] = []
+        self.streams.setdefault(view.slot, {})[upstream] = why
+        last_ok, slot = self.health.last_ok, view.slot
+        try:
+            async for chunk in upstream.aiter_raw():
+                now = last_ok[slot] = time.monotonic()  # bytes from it: it is not frozen
+                if first:
+                    first = False
+                    self.metrics.ttft.labels(view.name, view.pool).observe(now - started)
+                complete = chunk.endswith(b"\n\n")
+                n = content_events(chunk)
+                if n:
+                    first_event = first_event if first_event is not None else now
+                    last_event, events = now, events + n
+                yield chunk
+            if self.canary is not None:
+                self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            if why:
+                message = why[0]
+            else:
+                self.metrics.failed.labels(view.name, view.pool).inc()
+                message = await self.health.failure(view, exc)
+            yield (b"" if complete else b"\n\n") + p.sse(p.error_body(message, "server_error")) + p.DONE
+        finally:
+            self.streams[view.slot].pop(upstream, None)
+            await upstream.aclose()
+            self.ended(view, request_id, started)
