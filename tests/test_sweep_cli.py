@@ -88,3 +88,19 @@ def test_a_sweep_replays_identically(tmp_path, spec, capsys):
                      *common(spec), "--json", str(out)]) == 0
     assert cli.main(["replay", str(out)]) == 0
     assert f"replay of {out}: identical" in capsys.readouterr().out
+
+
+def test_sweep_at_rates_too_fast_to_judge_writes_its_document(tmp_path, capsys):
+    """The rates of issue 25 (`--rates 100,200,300` on 100 requests of chat): every point's arrivals
+    last under 3 service times, so no load check has a capacity; the sweep still ends, says so and
+    writes its JSON (it used to raise KeyError 'capacity_req_s' after all points ran)."""
+    out = tmp_path / "sweep.json"
+    argv = ["sweep", "--policies", "fcfs", "--rates", "100,200,300", "--slo", "ttft=1", "--workload", "chat",
+            "--max-requests", "100", "--no-progress", "--jobs", "1", "--json", str(out)]
+    assert cli.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert [p["offered"]["rate_req_s"] for p in doc["points"]] == [100.0, 200.0, 300.0]
+    check = doc["load_check"]
+    assert check["capacity_req_s"] is None
+    assert check["lowest_rate"]["kind"] == check["highest_rate"]["kind"] == "short"
+    assert "the load cannot be judged" in capsys.readouterr().err

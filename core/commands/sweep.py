@@ -26,7 +26,9 @@ def parse_rates(text: str) -> list[float] | None:
 
 def sweep_load_check(sweep: Any) -> dict[str, Any] | None:
     """The load check at the lowest and the highest rate every policy ran: a warning when even the
-    highest is too light, or even the lowest too heavy, for the policies to differ."""
+    highest is too light, or even the lowest too heavy, for the policies to differ. A rate whose
+    run is too short to judge (its arrivals span a few service times: a high rate on few
+    requests) gives no capacity; the capacity is then the other end's, or None with a note."""
     from ..experiments.load_check import check
 
     labels = sweep.labels
@@ -35,18 +37,27 @@ def sweep_load_check(sweep: Any) -> dict[str, Any] | None:
         return None
     low = check([sweep.series[lb, common[0]].load for lb in labels], labels)
     high = check([sweep.series[lb, common[-1]].load for lb in labels], labels)
-    if low is None or high is None:
+    if low is None and high is None:
         return None
-    capacity = high["capacity_req_s"]
-    result = {"lowest_rate": {"rate_req_s": common[0], "kind": low["kind"]},
-              "highest_rate": {"rate_req_s": common[-1], "kind": high["kind"]},
+    kind_low, kind_high = (None if c is None else c["kind"] for c in (low, high))
+    judged = [c for c in (high, low) if c is not None and c.get("capacity_req_s")]
+    capacity = judged[0]["capacity_req_s"] if judged else None
+    result = {"lowest_rate": {"rate_req_s": common[0], "kind": kind_low},
+              "highest_rate": {"rate_req_s": common[-1], "kind": kind_high},
               "capacity_req_s": capacity, "message": None}
+    if capacity is None:
+        short = next(c for c in (high, low) if c is not None)
+        result["message"] = short.get("message") or "note: the load of the rates swept cannot be judged"
+        return result
     near = f"the estimated capacity is about {capacity:.4g} req/s: rates around it, e.g. --rates " + ",".join(
         f"{capacity * f:.3g}" for f in (0.5, 0.8, 0.95, 1.1, 1.3))
-    if high["kind"] == "light":
+    if kind_high == "light":
         result["message"] = f"warning: every rate is too light for the policies to differ (up to {common[-1]:.4g} req/s); {near}"
-    elif low["kind"] == "heavy":
+    elif kind_low == "heavy":
         result["message"] = f"warning: every rate is too heavy (from {common[0]:.4g} req/s): the queue grows without bound; {near}"
+    elif kind_high == "short" and kind_low != "fine":
+        result["message"] = (f"note: at {common[-1]:.4g} req/s the requests arrive too fast for the load to be judged "
+                             f"(a burst shorter than a few service times); {near}")
     return result
 
 
