@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.canary_report import cmd_canary_report
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
-from .core.commands.compare import POLICIES, cmd_compare
+from .core.commands.compare import POLICIES, add_statistics_flags, cmd_compare
 from .core.commands.flags import (
     calibrate_flags,
     cluster_flags,
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--jobs", type=int, metavar="N",
                          help="worker processes running the policies in parallel (default: one per core; "
                          "1 runs them one by one here); the results do not depend on it")
+    add_statistics_flags(compare)
     ray_flag(compare)
     engine_flags(compare, compare=True)
     run_flags(compare, compare=True)
