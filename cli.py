@@ -36,7 +36,7 @@ from .core.commands.options import RUN_KEYS, fit_config, resolve_options
 from .core.commands.replay import cmd_replay
 from .core.commands.run import cmd_run
 from .core.commands.serve import cmd_serve
-from .core.commands.sweep import cmd_sweep
+from .core.commands.sweep import add_seed_flags, cmd_sweep
 
 __all__ = ["POLICIES", "RUN_KEYS", "build_parser", "fit_config", "main", "resolve_options"]
 
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_flags(sweep, compare=True)
     run_flags(sweep, compare=True)
     sweep_flags(sweep)
+    add_seed_flags(sweep)
     replay = sub.add_parser("replay", help="rerun a result document's command (its manifest) and say whether "
                             "the result matches")
     replay.add_argument("file", metavar="FILE", help="a result document written with --json")

@@ -8,8 +8,48 @@ from typing import Any
 
 from .compare import policy_configs, refuse_run_flags
 from .logs import log_to_stderr
-from .options import check_output_paths, cluster_options, make_executor, make_workload, resolve_options
+from .options import check_output_paths, cluster_options, make_executor, make_workload, resolve_options, workload_seed
 from .outputs import check_report_folder, manifest_for, warn
+
+
+def add_seed_flags(p: argparse.ArgumentParser) -> None:
+    """`sweep --seeds N`: every policy at every rate on N paired draws, knees with intervals."""
+    p.add_argument("--seeds", type=int, metavar="N",
+                   help="run every policy at every rate of --rates on N draws of the workload (seeds --seed, --seed + 1, "
+                   "...; a trace resampled): each policy's knee per draw with its interval, the knee ratio to the first "
+                   "policy with a paired interval, bands over the draws in the report (default: one run, the workload "
+                   "as given: a trace as recorded)")
+
+
+def format_seeded(doc: dict[str, Any]) -> str:
+    """The terminal summary of `sweep --seeds`: each policy's knee per draw and its interval, the
+    knee ratios, and each rate's attainment over the draws."""
+    sweep = doc["sweep"]
+    bounds = ", ".join(f"{k} <= {v:g} s" for k, v in sweep["bounds"].items())
+    seeds = sweep["seeds"]
+    lines = [f"metroline sweep | workload {sweep['workload']['name']} | SLO {bounds} | {len(seeds)} draws "
+             f"(seeds {', '.join(map(str, seeds))}) | native rates {', '.join(f'{r:.3g}' for r in sweep['native_rates_req_s'])} req/s",
+             "", f"knee (capacity at SLO, req/s: attainment crosses {sweep['attainment_target']:.0%}, interpolated on "
+             f"the grid {', '.join(f'{r:g}' for r in sweep['rates'])}); mean [95% interval] over the draws"]
+    width = max(len(label) for label in sweep["policies"]) + 2
+    for label in sweep["policies"]:
+        cap = doc["capacity"][label]
+        per = ", ".join("out of range" if k is None else f"{k:.3g}" for k in cap["knee_req_s"])
+        knee = cap["knee"]
+        text = (f"{knee['estimate']:.3g} [{knee['low']:.3g}, {knee['high']:.3g}]" if knee else
+                f"no interval: {cap['out_of_range']} draw(s) out of the grid's range")
+        lines.append(f"  {label:<{width}}{text}   per draw: {per}")
+    for label, r in doc["ratio"].items():
+        ratio = r["ratio"]
+        text = (f"{ratio['estimate']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]" if ratio else "no interval (a knee out of range)")
+        per = ", ".join("-" if x is None else f"{x:.3f}" for x in r["per_draw"])
+        lines.append(f"  knee ratio {label}/{r['vs']}: {text} (geometric mean, paired; per draw: {per})")
+    lines += ["", "attainment by rate: mean [95% interval] over the draws"]
+    for label, rows in doc["bands"].items():
+        cells = [f"{row['rate_req_s']:g}: {row['attainment']['estimate']:.0%} [{row['attainment']['low']:.0%}, "
+                 f"{row['attainment']['high']:.0%}]" for row in rows]
+        lines.append(f"  {label:<{width}}" + "; ".join(cells))
+    return "\n".join(lines) + "\n"
 
 
 def parse_rates(text: str) -> list[float] | None:
@@ -104,7 +144,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     executor = make_executor(run)
     if getattr(executor, "kv_bytes_per_token", None):
         raise ValueError("sweep: runs the simulator only (--executor sim); a real model's sweep would take hours")
-    workload = make_workload(run, config.seed)
+    if args.seeds is not None:
+        return _seeded(args, config, run, labels, configs, bounds, rates)
+    workload = make_workload(run, workload_seed(config))  # no --seed: a trace as recorded
     manifest = manifest_for(args, config, run, workload, configs)
     sweep = Sweep(workload, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs, ray=args.ray,
                   oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
@@ -124,4 +166,37 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         folder = write_sweep_report(args.report, doc, sweep.series)
         print(f"report: {folder / 'report.html'}")
+    return 0
+
+
+def _seeded(args: argparse.Namespace, config: Any, run: dict[str, Any], labels: list[str], configs: list[Any],
+            bounds: dict[str, float], rates: list[float] | None) -> int:
+    """`sweep --seeds N` (see `core/experiments/sweep_seeds.py`)."""
+    from ..experiments.sweep_seeds import SeededSweep
+    from ..results import files as result_files
+    from .compare import seed_workloads
+
+    if args.seeds < 2:
+        raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
+    if rates is None:
+        raise ValueError("--seeds: give --rates r1,r2,... (one grid for every draw and policy), not auto")
+    if len(rates) < 2:
+        raise ValueError("--seeds: give at least two --rates (a knee lies between two of them)")
+    seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
+    manifest = manifest_for(args, config, run, workloads[0], configs)
+    manifest["seeds"]["workload"] = seeds
+    sweep = SeededSweep(workloads, seeds, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs,
+                        ray=args.ray, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
+                        window_s=run.get("window", 60.0))
+    doc = sweep.document(sweep.over_rates(rates))
+    doc["load_check"] = sweep_load_check(sweep.sweeps[0])
+    doc["manifest"] = manifest
+    print(format_seeded(doc), end="")
+    warn(doc["load_check"])
+    if args.json:
+        result_files.write_json(args.json, doc)
+    if args.report:
+        from ..ab_report.sweep_bands import write_seeded_sweep_report
+
+        print(f"report: {write_seeded_sweep_report(args.report, doc) / 'report.html'}")
     return 0
