@@ -108,6 +108,10 @@ def add_statistics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-effect", metavar="X|KIND=X,...",
                    help="with --seeds: the smallest relative difference a verdict may call better or worse, for every "
                    f"metric kind or per kind (latency, throughput, count, share; default {defaults})")
+    p.add_argument("--arms", metavar="FILE",
+                   help="compare arms that each set their own policy stack, engine config and cost model: a TOML file "
+                   "of [arms.NAME] tables (EngineConfig fields, cost_model, cost_params), the first the baseline; "
+                   "paired on the same draws (see metroline.core.experiments.arms)")
     p.add_argument("--aa", metavar="POLICY",
                    help="an A/A check: POLICY against itself, the arms differing only in their plugins' private "
                    "randomness (StepContext.salt), over --trials tables of --seeds draws; prints the false-verdict rates")
@@ -182,7 +186,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
     spec = cluster_options(args, routers=True)
-    if args.aa is not None:
+    factories = None
+    if args.arms is not None:
+        from ..experiments.arms import arm_setups
+
+        if args.policies is not None or args.routers is not None or args.aa is not None:
+            raise ValueError("--arms: each arm names its own policy; give it without --policies, --routers or --aa")
+        labels, configs, factories = arm_setups(args.arms, config, run)
+        specs = [spec] * len(labels)
+    elif args.aa is not None:
         labels, configs = _aa_configs(args, config)
         specs = [spec] * 2
     elif args.routers:
@@ -226,7 +238,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.aa is not None:
         runs = _aa_runs(runs, args.seeds)
     results = run_many(
-        runs, lambda: make_executor(run),
+        runs, (lambda: make_executor(run)) if factories is None else factories * len(workloads),
         extract=series_of, jobs=jobs,
         labels=run_labels, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
         window_s=run.get("window", 60.0), measure=measurement(run), **extra,
