@@ -121,7 +121,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Run every policy at each rate of `--rates` (or find each one's capacity at SLO by bisection)."""
     from ..experiments.slo import parse_slo
     from ..experiments.sweep import Sweep
-    from ..results import files as result_files
 
     refuse_run_flags(args)
     config, run = resolve_options(args)
@@ -148,24 +147,40 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _seeded(args, config, run, labels, configs, bounds, rates)
     workload = make_workload(run, workload_seed(config))  # no --seed: a trace as recorded
     manifest = manifest_for(args, config, run, workload, configs)
-    sweep = Sweep(workload, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs, ray=args.ray,
-                  oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
-                  window_s=run.get("window", 60.0))
+    sweep = Sweep(workload, labels, configs, lambda: make_executor(run), bounds, **_run_options(args, run))
     if rates is None:
         doc = sweep.document(sweep.bisect(tolerance=args.tolerance), "auto", args.tolerance)
     else:
         doc = sweep.document(sweep.over_rates(rates), "rates", None)
+
+    def report(folder: Any) -> Any:
+        from ..ab_report import write_sweep_report
+
+        return write_sweep_report(folder, doc, sweep.series)
+
+    return _emit(args, doc, sweep, manifest, format_sweep, report)
+
+
+def _run_options(args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
+    """The options of a sweep's runs (`run_many`'s)."""
+    return dict(jobs=args.jobs, ray=args.ray, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
+                window_s=run.get("window", 60.0))
+
+
+def _emit(args: argparse.Namespace, doc: dict[str, Any], sweep: Any, manifest: dict[str, Any],
+          text: Any, report: Any) -> int:
+    """A sweep's ending: its load check and manifest in `doc`, `text(doc)` printed, the warning,
+    the JSON and the `report(folder)`."""
+    from ..results import files as result_files
+
     doc["load_check"] = sweep_load_check(sweep)
     doc["manifest"] = manifest
-    print(format_sweep(doc), end="")
+    print(text(doc), end="")
     warn(doc["load_check"])
     if args.json:
         result_files.write_json(args.json, doc)
     if args.report:
-        from ..ab_report import write_sweep_report
-
-        folder = write_sweep_report(args.report, doc, sweep.series)
-        print(f"report: {folder / 'report.html'}")
+        print(f"report: {report(args.report) / 'report.html'}")
     return 0
 
 
@@ -173,7 +188,6 @@ def _seeded(args: argparse.Namespace, config: Any, run: dict[str, Any], labels: 
             bounds: dict[str, float], rates: list[float] | None) -> int:
     """`sweep --seeds N` (see `core/experiments/sweep_seeds.py`)."""
     from ..experiments.sweep_seeds import SeededSweep
-    from ..results import files as result_files
     from .compare import seed_workloads
 
     if args.seeds < 2:
@@ -185,18 +199,12 @@ def _seeded(args: argparse.Namespace, config: Any, run: dict[str, Any], labels: 
     seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
     manifest = manifest_for(args, config, run, workloads[0], configs)
     manifest["seeds"]["workload"] = seeds
-    sweep = SeededSweep(workloads, seeds, labels, configs, lambda: make_executor(run), bounds, jobs=args.jobs,
-                        ray=args.ray, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
-                        window_s=run.get("window", 60.0))
+    sweep = SeededSweep(workloads, seeds, labels, configs, lambda: make_executor(run), bounds, **_run_options(args, run))
     doc = sweep.document(sweep.over_rates(rates))
-    doc["load_check"] = sweep_load_check(sweep.sweeps[0])
-    doc["manifest"] = manifest
-    print(format_seeded(doc), end="")
-    warn(doc["load_check"])
-    if args.json:
-        result_files.write_json(args.json, doc)
-    if args.report:
+
+    def report(folder: Any) -> Any:
         from ..ab_report.sweep_bands import write_seeded_sweep_report
 
-        print(f"report: {write_seeded_sweep_report(args.report, doc) / 'report.html'}")
-    return 0
+        return write_seeded_sweep_report(folder, doc)
+
+    return _emit(args, doc, sweep.sweeps[0], manifest, format_seeded, report)

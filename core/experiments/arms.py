@@ -22,6 +22,7 @@ order, the first the baseline::
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -88,7 +89,7 @@ def load_arms(path: str | Path) -> list[Arm]:
     except OSError as exc:
         raise ValueError(f"--arms: cannot read {path}: {exc.strerror or exc}") from None
     try:
-        doc = tomllib.loads(text) if path.suffix != ".json" else __import__("json").loads(text)
+        doc = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
     except ValueError as exc:
         raise ValueError(f"--arms: {path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
     tables = doc.get("arms") if isinstance(doc, dict) else None
