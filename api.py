@@ -28,6 +28,7 @@ The engine's embedding API (`Engine`, `EngineConfig`, the commands) is not part 
 from __future__ import annotations
 
 from .core.cluster.view import Refuse, ReplicaView, RouteRequest
+from .core.experiments.arms import Arm, compare_arms
 from .core.errors import NoProgressError, PluginError, PluginLoadError, RequestRefused
 from .core.plugins.budget import Split
 from .core.plugins.candidates import Candidates, close_candidates
@@ -73,6 +74,8 @@ __all__ = [
     "PluginError", "PluginLoadError", "NoProgressError", "RequestRefused", "MetrolineDeprecationWarning",
     # the conformance suite
     "check_plugin", "ConformanceError", "ConformanceReport",
+    # comparing arms that differ in policy stack, engine config and cost model, on the same draws
+    "Arm", "compare_arms",
 ]
 
 

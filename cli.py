@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .core.commands.calibrate import cmd_calibrate
 from .core.commands.canary_report import cmd_canary_report
 from .core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
-from .core.commands.compare import POLICIES, cmd_compare
+from .core.commands.compare import POLICIES, add_statistics_flags, cmd_compare
 from .core.commands.flags import (
     calibrate_flags,
     cluster_flags,
@@ -36,7 +36,7 @@ from .core.commands.options import RUN_KEYS, fit_config, resolve_options
 from .core.commands.replay import cmd_replay
 from .core.commands.run import cmd_run
 from .core.commands.serve import cmd_serve
-from .core.commands.sweep import cmd_sweep
+from .core.commands.sweep import add_seed_flags, cmd_sweep
 
 __all__ = ["POLICIES", "RUN_KEYS", "build_parser", "fit_config", "main", "resolve_options"]
 
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--jobs", type=int, metavar="N",
                          help="worker processes running the policies in parallel (default: one per core; "
                          "1 runs them one by one here); the results do not depend on it")
+    add_statistics_flags(compare)
     ray_flag(compare)
     engine_flags(compare, compare=True)
     run_flags(compare, compare=True)
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_flags(sweep, compare=True)
     run_flags(sweep, compare=True)
     sweep_flags(sweep)
+    add_seed_flags(sweep)
     replay = sub.add_parser("replay", help="rerun a result document's command (its manifest) and say whether "
                             "the result matches")
     replay.add_argument("file", metavar="FILE", help="a result document written with --json")

@@ -93,6 +93,7 @@ class EngineConfig(BaseModel):
     plugins: list[str] = Field(default_factory=list)
     plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     seed: int = 0
+    plugin_salt: int = Field(default=0, ge=0)
     debug: bool = False
     admit_after_preemption: bool = False
     admission_gate: AdmissionGate = "full_prompt"

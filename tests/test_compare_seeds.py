@@ -69,7 +69,7 @@ def test_the_table_is_printed_with_the_baseline(tmp_path, capsys):
     (["--seeds", "1"], "--seeds: must be at least 2"),
     (["--seeds", "2", "--baseline", "sjf"], "--baseline: 'sjf' is not one of --policies"),
     (["--baseline", "fcfs"], "--baseline: applies with --seeds only"),
-    (["--seeds", "2", "--resample", "shuffle"], "expected 'redraw' or 'window:SECONDS'"),
+    (["--seeds", "2", "--resample", "shuffle"], "expected 'redraw', 'window:SECONDS' or 'gamma:BURSTINESS'"),
     (["--horizon", "1", "--warmup", "2"], "--horizon: must be a number of seconds > the warm-up"),
 ])
 def test_bad_seed_options_are_refused_in_one_line(argv, message, capsys):

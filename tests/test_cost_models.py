@@ -118,13 +118,13 @@ FLOPS_EFF, BW_EFF = 0.65, 0.7
 
 
 def test_presets_named_and_shapes_plausible():
-    assert set(MODEL_PRESETS) == {"llama-3-8b", "llama-2-7b", "llama-3-70b", "smollm2-135m"}
+    assert set(MODEL_PRESETS) == {"llama-3-8b", "llama-2-7b", "llama-2-70b", "llama-3-70b", "smollm2-135m"}
     assert set(GPU_PRESETS) == {"A100", "H100", "H200"}
     assert (A100.flops, A100.bandwidth) == (312e12, 2.039e12)
     assert (GPU_PRESETS["H100"].flops, GPU_PRESETS["H100"].bandwidth) == (989e12, 3.35e12)
     assert (GPU_PRESETS["H200"].flops, GPU_PRESETS["H200"].bandwidth) == (989e12, 4.8e12)
     params = {k: s.num_params for k, s in MODEL_PRESETS.items()}
-    for name, expected in [("llama-3-8b", 8.03e9), ("llama-2-7b", 6.74e9), ("llama-3-70b", 70.6e9),
+    for name, expected in [("llama-3-8b", 8.03e9), ("llama-2-7b", 6.74e9), ("llama-3-70b", 70.6e9), ("llama-2-70b", 68.98e9),
                            ("smollm2-135m", 134.5e6)]:
         assert params[name] == pytest.approx(expected, rel=0.005), name
     assert MODEL_PRESETS["llama-3-8b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
@@ -204,7 +204,7 @@ def test_roofline_custom_shape_and_describe():
 
 
 def test_roofline_rejects_bad_params():
-    valid = "valid: llama-3-8b, llama-2-7b, llama-3-70b, smollm2-135m"
+    valid = "valid: llama-3-8b, llama-2-7b, llama-2-70b, llama-3-70b, smollm2-135m"
     with pytest.raises(ValueError, match=rf"model\n.*unknown model preset 'gpt-5'; {valid}"):
         make_cost_model("roofline", model="gpt-5")
     with pytest.raises(ValueError, match=r"gpu\n.*unknown gpu preset 'V100'; valid: A100, H100"):

@@ -143,3 +143,38 @@ def test_differences_and_changed_inputs_list_paths():
     assert "config file c.toml: changed" in notes
     assert any(n.startswith("metroline:") for n in notes)
     assert "package x: 1 then, 2 now" in notes and "workload w: its file changed" in notes
+
+
+PLUGIN = """from metroline.api import Candidates, hookimpl
+
+from .helper import HEAD_OF_LINE
+
+
+class Ordered:
+    name = "ordered"
+
+    @hookimpl
+    def admission(self, ctx):
+        from . import sizes  # an import inside a function counts too
+        return Candidates(sorted(ctx.waiting, key=sizes.key), head_of_line=HEAD_OF_LINE)
+"""
+
+
+def test_replay_names_the_helper_module_of_a_plugin_that_changed(tmp_path, capsys, monkeypatch):
+    pkg = tmp_path / "myplug"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "policy.py").write_text(PLUGIN)
+    (pkg / "helper.py").write_text("import json  # the standard library is not recorded\nHEAD_OF_LINE = True\n")
+    (pkg / "sizes.py").write_text("def key(seq):\n    return seq.num_prompt_tokens\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = run_json(tmp_path, "original", ["run", "--policy", "fcfs", "--plugin", "myplug.policy:Ordered", *ARGS])
+    entry = next(p for p in load_manifest(path)[1]["plugins"] if p["spec"] == "myplug.policy:Ordered")
+    assert entry["module"] == "myplug.policy"
+    assert set(entry["imports"]) == {"myplug", "myplug.helper", "myplug.sizes"}  # metroline, json: not recorded
+    assert entry["imports"]["myplug.helper"] == sha256_file(pkg / "helper.py")
+    (pkg / "helper.py").write_text("import json\nHEAD_OF_LINE = False\n")
+    cli.main(["replay", str(path)])
+    out = capsys.readouterr().out
+    assert "plugin myplug.policy:Ordered: module myplug.helper, which it imports, changed" in out
+    assert "myplug.sizes" not in out and "its source (myplug.policy) changed" not in out

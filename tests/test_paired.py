@@ -43,7 +43,9 @@ def test_each_policy_gets_its_paired_difference_from_the_baseline_with_a_verdict
     p = comparison["policies"]
     assert p["fcfs"]["summary.e2e_s.mean"]["vs_baseline"] is None  # the baseline itself
     srpt = p["srpt"]["summary.e2e_s.mean"]["vs_baseline"]
-    assert srpt == paired_difference(BASE_E2E, [0.8 * e for e in BASE_E2E], "lower").as_dict()
+    plain = paired_difference(BASE_E2E, [0.8 * e for e in BASE_E2E], "lower").as_dict()
+    assert {k: srpt[k] for k in plain} == plain  # the table's control kept the interval's verdict
+    assert srpt["verdict_uncorrected"] == "better" and srpt["removed_by"] is None
     assert srpt["verdict"] == "better" and srpt["relative"]["estimate"] == pytest.approx(-0.2)
     assert p["slow"]["summary.e2e_s.mean"]["vs_baseline"]["verdict"] == "worse"
     assert p["slow"]["summary.output_throughput_tok_s"]["vs_baseline"]["verdict"] == "worse"
@@ -55,7 +57,7 @@ def test_missing_metrics_are_left_out_and_none_values_have_no_interval(compariso
     assert "summary.unfinished" not in comparison["metrics"]  # no run has it (no horizon)
     assert comparison["policies"]["slow"]["summary.tpot_s.mean"]["mean"] is None
     assert comparison["policies"]["slow"]["summary.tpot_s.mean"]["vs_baseline"] is None
-    assert comparison["metrics"]["fairness.min_jain"] == {"label": "Jain min", "direction": "higher"}
+    assert comparison["metrics"]["fairness.min_jain"] == {"label": "Jain min", "direction": "higher", "kind": "share"}
 
 
 def test_the_comparison_is_json_and_records_seeds_baseline_and_level(comparison):

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from metroline.core.workloads.build import WorkloadError, WorkloadItem
-from metroline.core.workloads.resample import random_window, redraw, resample
+from metroline.core.workloads.resample import capped_gaps, parse_method, random_window, redraw, resample
 
 
 def trace(n: int = 400) -> list[WorkloadItem]:
@@ -86,9 +86,11 @@ def test_resample_refuses_what_it_cannot_draw():
     items = trace(10)
     with pytest.raises(WorkloadError, match="does not fit"):
         random_window(items, 0, 100.0)
-    with pytest.raises(WorkloadError, match="needs window_s"):
+    with pytest.raises(WorkloadError, match="the 'window' method needs its number \\(seconds\\)"):
         resample(items, 0, "window")
-    with pytest.raises(WorkloadError, match="applies to the .window. method only"):
+    with pytest.raises(WorkloadError, match="the 'gamma' method needs its number \\(burstiness\\)"):
+        resample(items, 0, "gamma")
+    with pytest.raises(WorkloadError, match="the 'redraw' method takes no parameter"):
         resample(items, 0, "redraw", 5.0)
     with pytest.raises(WorkloadError, match="unknown method"):
         resample(items, 0, "shuffle")
@@ -96,3 +98,35 @@ def test_resample_refuses_what_it_cannot_draw():
         resample([], 0)
     single = [WorkloadItem(0.0, ((("x",), 4),), 2)]
     assert len(redraw(single, 1)) == 1
+
+
+def test_a_redraw_caps_idle_gaps_at_the_traces_p99_gap():
+    # 200 gaps of 0.5 s and 2 idle gaps of 500 s (1% of 202 is 2.02, so the p99 gap is 0.5 s)
+    times, t = [], 0.0
+    for i in range(203):
+        times.append(t)
+        t += 500.0 if i in (50, 150) else 0.5
+    items = [WorkloadItem(x, ((("own", i), 8),), 4) for i, x in enumerate(times)]
+    for seed in range(20):
+        arrivals = [it.arrival_s for it in redraw(items, seed)]
+        assert max(b - a for a, b in zip(arrivals, arrivals[1:])) == 0.5
+    assert capped_gaps(items) == [0.5] * 202
+
+
+def test_gamma_arrivals_have_the_traces_rate_and_the_chosen_burstiness():
+    items = trace()
+    span = items[-1].arrival_s - items[0].arrival_s
+    mean_gap = span / (len(items) - 1)
+    for b in (0.25, 1.0, 4.0):
+        gaps = [g for s in range(10) for g in _gaps(resample(items, s, "gamma", b))]
+        assert statistics.mean(gaps) == pytest.approx(mean_gap, rel=0.05)
+        cv2 = statistics.variance(gaps) / statistics.mean(gaps) ** 2  # a gamma of shape b: 1 / b
+        assert cv2 == pytest.approx(1 / b, rel=0.15)
+    assert resample(items, 1, "gamma", 1.0) == resample(items, 1, "gamma", 1.0) != resample(items, 2, "gamma", 1.0)
+    assert parse_method("gamma:0.5") == ("gamma", 0.5)
+    with pytest.raises(WorkloadError, match="'gamma:0'"):
+        parse_method("gamma:0")
+
+
+def _gaps(items):
+    return [b.arrival_s - a.arrival_s for a, b in zip(items, items[1:])]

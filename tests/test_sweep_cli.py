@@ -88,3 +88,79 @@ def test_a_sweep_replays_identically(tmp_path, spec, capsys):
                      *common(spec), "--json", str(out)]) == 0
     assert cli.main(["replay", str(out)]) == 0
     assert f"replay of {out}: identical" in capsys.readouterr().out
+
+
+def test_sweep_at_rates_too_fast_to_judge_writes_its_document(tmp_path, capsys):
+    """The rates of issue 25 (`--rates 100,200,300` on 100 requests of chat): every point's arrivals
+    last under 3 service times, so no load check has a capacity; the sweep still ends, says so and
+    writes its JSON (it used to raise KeyError 'capacity_req_s' after all points ran)."""
+    out = tmp_path / "sweep.json"
+    argv = ["sweep", "--policies", "fcfs", "--rates", "100,200,300", "--slo", "ttft=1", "--workload", "chat",
+            "--max-requests", "100", "--no-progress", "--jobs", "1", "--json", str(out)]
+    assert cli.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert [p["offered"]["rate_req_s"] for p in doc["points"]] == [100.0, 200.0, 300.0]
+    check = doc["load_check"]
+    assert check["capacity_req_s"] is None
+    assert check["lowest_rate"]["kind"] == check["highest_rate"]["kind"] == "short"
+    assert "the load cannot be judged" in capsys.readouterr().err
+
+
+def test_knee_interpolates_the_crossing_in_log_rate():
+    from metroline.core.experiments.sweep_seeds import knee
+
+    # 95% at 10, 85% at 40: 90% is halfway in log rate, at 20
+    assert knee([5.0, 10.0, 40.0], [1.0, 0.95, 0.85], 0.9) == pytest.approx(20.0)
+    assert knee([5.0, 10.0], [0.5, 0.2], 0.9) is None  # below the grid
+    assert knee([5.0, 10.0], [1.0, 0.95], 0.9) is None  # above it
+    assert knee([5.0, 10.0], [0.95, None], 0.9) == pytest.approx(5.0 * 2 ** (0.05 / 0.95))  # None counts as 0
+
+
+def test_sweep_over_seeds_gives_each_draws_knee_its_interval_and_the_paired_ratio(tmp_path, spec, capsys):
+    out, report = tmp_path / "sweep.json", tmp_path / "report"
+    rates = [0.9 * CAPACITY, 1.1 * CAPACITY, 1.5 * CAPACITY]
+    argv = ["sweep", "--policies", "fcfs,srpt", "--rates", ",".join(map(str, rates)), "--slo", "ttft=0.06,tpot=0.015",
+            "--seeds", "2", *common(spec), "--json", str(out), "--report", str(report)]
+    assert cli.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sweep"]["seeds"] == [0, 1]  # the spec has no seed: draws 0 and 1
+    assert len(doc["points"]) == 2 * 2 * 3 and len({p["workload"]["seed"] for p in doc["points"]}) == 2
+    for policy in ("fcfs", "srpt"):
+        cap = doc["capacity"][policy]
+        # the capacity is C on every draw (fixed lengths): each knee lies between 0.9 C and 1.1 C
+        assert cap["out_of_range"] == 0 and all(rates[0] <= k <= rates[1] for k in cap["knee_req_s"])
+        knee = cap["knee"]
+        assert knee["low"] <= knee["estimate"] <= knee["high"] and knee["n"] == 2
+        assert knee["estimate"] == pytest.approx(sum(cap["knee_req_s"]) / 2)
+        assert [row["rate_req_s"] for row in doc["bands"][policy]] == rates
+    ratio = doc["ratio"]["srpt"]
+    assert ratio["vs"] == "fcfs"
+    assert ratio["per_draw"] == pytest.approx([s / f for s, f in zip(doc["capacity"]["srpt"]["knee_req_s"],
+                                                                      doc["capacity"]["fcfs"]["knee_req_s"])])
+    assert ratio["ratio"]["low"] <= ratio["ratio"]["estimate"] <= ratio["ratio"]["high"]
+    printed = capsys.readouterr().out
+    assert "knee ratio srpt/fcfs" in printed and "2 draws" in printed
+    assert (report / "attainment_bands.png").stat().st_size > 0 and "knee ratio" in (report / "report.md").read_text()
+
+
+def test_sweep_without_a_seed_replays_the_trace_as_recorded(tmp_path):
+    from test_compare_seeds import write_trace
+
+    trace = write_trace(tmp_path / "trace.csv", n=120)
+    out = tmp_path / "sweep.json"
+    assert cli.main(["sweep", "--policies", "fcfs", "--rates", "5,10", "--slo", "e2e=10", "--workload", str(trace),
+                     "--cost-model", "steps", "--step-time", "0.01", "--no-progress", "--jobs", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    times = [float(line.split(",")[0]) for line in trace.read_text().splitlines()[1:]]
+    assert doc["sweep"]["native_rate_req_s"] == pytest.approx((len(times) - 1) / (times[-1] - times[0]))
+    assert "seed" not in doc["sweep"]["workload"]
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--rates", "auto", "--seeds", "3"], "--seeds: give --rates r1,r2,..."),
+    (["--rates", "10", "--seeds", "3"], "--seeds: give at least two --rates"),
+    (["--rates", "10,20", "--seeds", "1"], "--seeds: must be at least 2"),
+])
+def test_bad_seeded_sweeps_are_refused(spec, capsys, argv, problem):
+    assert cli.main(["sweep", "--policies", "fcfs", "--slo", "ttft=1", *argv, *common(spec)]) == 2
+    assert problem in capsys.readouterr().err

@@ -116,10 +116,58 @@ def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[
     return seeds, [first, *(make_workload(run, s) for s in seeds[1:])]
 
 
+def add_statistics_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of `compare`'s verdicts: `--min-effect`, `--aa POLICY` and `--trials T`."""
+    from ..results.multiplicity import MIN_EFFECT
+
+    defaults = ", ".join(f"{kind}={x:g}" for kind, x in MIN_EFFECT.items())
+    p.add_argument("--min-effect", metavar="X|KIND=X,...",
+                   help="with --seeds: the smallest relative difference a verdict may call better or worse, for every "
+                   f"metric kind or per kind (latency, throughput, count, share; default {defaults})")
+    p.add_argument("--arms", metavar="FILE",
+                   help="compare arms that each set their own policy stack, engine config and cost model: a TOML file "
+                   "of [arms.NAME] tables (EngineConfig fields, cost_model, cost_params), the first the baseline; "
+                   "paired on the same draws (see metroline.core.experiments.arms)")
+    p.add_argument("--aa", metavar="POLICY",
+                   help="an A/A check: POLICY against itself, the arms differing only in their plugins' private "
+                   "randomness (StepContext.salt), over --trials tables of --seeds draws; prints the false-verdict rates")
+    p.add_argument("--trials", type=int, default=1, metavar="T",
+                   help="with --aa: how many A/A tables, each on fresh draws and salts (default 1)")
+
+
+def _aa_configs(args: argparse.Namespace, config: Any) -> tuple[list[str], list[Any]]:
+    """The two arms of `--aa POLICY` (labels and configs, alike but for `plugin_salt`), after checking its flags."""
+    if args.policies is not None or args.routers is not None or args.baseline is not None:
+        raise ValueError("--aa: compares one policy with itself; give it without --policies, --routers or --baseline")
+    if args.seeds is None:
+        raise ValueError("--aa: give --seeds K (each A/A table pairs K draws)")
+    if args.trials < 1:
+        raise ValueError(f"--trials: must be at least 1, got {args.trials}")
+    if args.report:
+        raise ValueError("--report: an A/A check prints its false-verdict rates (--json keeps its tables); no report")
+    _, (arm,) = policy_configs(args.aa, config)
+    return [f"{args.aa} (a)", f"{args.aa} (b)"], [arm, arm]
+
+
+def _aa_runs(runs: list[tuple[Any, Any, Any]], k: int) -> list[tuple[Any, Any, Any]]:
+    """`runs` (table by table, draw by draw, arm by arm) with each arm's own salt (`aa.aa_salts`)."""
+    from ..results.aa import aa_salts
+
+    out = []
+    for j, (w, c, sp) in enumerate(runs):
+        draw, arm = divmod(j, 2)
+        out.append((w, c.model_copy(update={"plugin_salt": aa_salts(*divmod(draw, k), k)[arm]}), sp))
+    return out
+
+
 def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
     """The baseline of `--seeds` (`--baseline`, default the first policy), after checking the flags."""
     if args.seeds is not None and args.seeds < 2:
         raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
+    if args.trials != 1 and args.aa is None:
+        raise ValueError("--trials: applies with --aa only")
+    if args.min_effect is not None and args.seeds is None:
+        raise ValueError("--min-effect: applies with --seeds only")
     if args.baseline is not None and args.seeds is None:
         raise ValueError("--baseline: applies with --seeds only")
     baseline = labels[0] if args.baseline is None else args.baseline
@@ -140,6 +188,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..experiments.slo import evaluate, parse_slo
     from ..results import files as result_files
     from ..results import report
+    from ..results.multiplicity import parse_min_effect
     from ..results.paired import format_paired_table, paired_comparison, report_documents
 
     refuse_run_flags(args)
@@ -153,7 +202,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
     spec = cluster_options(args, routers=True)
-    if args.routers:
+    factories = None
+    if args.arms is not None:
+        from ..experiments.arms import arm_setups
+
+        if args.policies is not None or args.routers is not None or args.aa is not None:
+            raise ValueError("--arms: each arm names its own policy; give it without --policies, --routers or --aa")
+        labels, configs, factories = arm_setups(args.arms, config, run)
+        specs = [spec] * len(labels)
+    elif args.aa is not None:
+        labels, configs = _aa_configs(args, config)
+        specs = [spec] * 2
+    elif args.routers:
         if args.policies is not None and len(args.policies.split(",")) > 1:
             raise ValueError("--routers: compare routers or policies, not both (give --policies one policy, or none "
                              "for the config's)")
@@ -169,10 +229,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
             spec.plan(c)  # a bad pool config is reported before any run
     if spec is None and not _names_workload(args):
         run["workload"] = DEFAULT_WORKLOAD
+    min_effect = parse_min_effect(args.min_effect)
     if args.seeds is None:
         seeds, workloads = None, [make_workload(run, workload_seed(config))]
     else:
-        seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds)
+        seeds, workloads = seed_workloads(run, workload_seed(config), args.seeds * args.trials)
     workload = workloads[0]
     executor = make_executor(run)  # a bad executor or cost model is reported before any worker starts
     jobs, extra = args.jobs, {"ray": args.ray}
@@ -191,8 +252,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if seeds is not None:
         manifest["seeds"]["workload"] = seeds
     run_labels = labels if seeds is None else [f"{label}#{s}" for s in seeds for label in labels]
+    runs = [(w, c, sp) for w in workloads for c, sp in zip(configs, specs)]
+    if args.aa is not None:
+        runs = _aa_runs(runs, args.seeds)
     results = run_many(
-        [(w, c, sp) for w in workloads for c, sp in zip(configs, specs)], lambda: make_executor(run),
+        runs, (lambda: make_executor(run)) if factories is None else factories * len(workloads),
         extract=series_of, jobs=jobs,
         labels=run_labels, oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress,
         window_s=run.get("window", 60.0), measure=measurement(run), **extra,
@@ -215,9 +279,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
-    if seeds is not None:
+    if args.aa is not None:
+        from ..results.aa import aa_tables, false_verdict_rates, format_aa
+
+        tables = aa_tables(docs, (labels[0], labels[1]), seeds, args.trials, min_effect)
+        result["aa"] = false_verdict_rates(tables, labels[1])
+        result["comparisons"] = tables
+        print(format_aa(args.aa, result["aa"]), end="")
+    elif seeds is not None:
         by_policy = {label: docs[c::n] for c, label in enumerate(labels)}
-        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline)
+        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline, min_effect=min_effect)
         print(format_paired_table(comparison), end="")
     if args.json:
         result_files.write_json(args.json, result)

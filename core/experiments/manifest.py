@@ -12,7 +12,9 @@ Every document metroline writes carries one under its top-level `manifest` key:
   `config_file` and `cost_model_file`: the `--config` file and a calibrated cost model's file,
   each with its sha256, when there are;
 - `plugins`: every plugin the runs load (policy, stacked plugins, the core's defaults) with its
-  options and the sha256 of its module's source file;
+  options, the sha256 of its module's source file and `imports`: the sha256 of every module of
+  the plugin author's that it imports (`plugin_imports.imported_modules`: not the standard
+  library, site-packages or metroline);
 - `workload`: its name and source, the sha256 of its file (a trace or a spec: the same content
   under another name has the same hash) and of its requests (arrival, prompt segments, output
   length, tenant, priority);
@@ -116,10 +118,15 @@ def plugin_entries(configs: list[Any]) -> list[dict[str, Any]]:
 
 
 def source_of(target: Any) -> dict[str, Any]:
-    """`{"module", "sha256"}` of the module that defines `target` (a module, class or instance)."""
+    """`{"module", "sha256"}` of the module that defines `target` (a module, class or instance),
+    and `imports` (`{module: sha256}`) when it imports modules of its author's."""
+    from .plugin_imports import imported_modules
+
     module = target if inspect.ismodule(target) else inspect.getmodule(target if inspect.isclass(target) else type(target))
     path = getattr(module, "__file__", None)
-    return {"module": getattr(module, "__name__", None), "sha256": sha256_file(path) if path else None}
+    imports = imported_modules(module) if module is not None else {}
+    return {"module": getattr(module, "__name__", None), "sha256": sha256_file(path) if path else None,
+            **({"imports": imports} if imports else {})}
 
 
 def workload_file(run: dict[str, Any], workload: Any) -> Path | None:

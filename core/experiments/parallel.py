@@ -45,7 +45,7 @@ def run_workloads(
 
 def run_many(
     runs: list[tuple[Workload, EngineConfig] | tuple[Workload, EngineConfig, Any]],
-    make_executor: Callable[[], Any],
+    make_executor: Callable[[], Any] | list[Callable[[], Any]],
     *,
     extract: Callable[[Engine, dict[str, Any]], Any] | None = None,
     jobs: int | None = None,
@@ -64,7 +64,8 @@ def run_many(
     worker), so what it returns, not the engine, crosses back: keep it small and picklable.
     `ray`: run them as tasks of a Ray cluster instead (its address; "" for a local one or the
     one `RAY_ADDRESS` names; see `ray_runner.run_on_ray`), `jobs` then unused. `measure`: the
-    measurement window of every run (`run_workload`)."""
+    measurement window of every run (`run_workload`). `make_executor` may be a list, one factory
+    per run (arms that differ in their executor or cost model: `compare --arms`)."""
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs: must be at least 1, got {jobs}")
     labels = labels or ["+".join([c.policy, *c.plugins]) for _, c in runs]
@@ -74,20 +75,26 @@ def run_many(
         options["measure"] = measure
     if vocab_size is not None:
         options["vocab_size"] = vocab_size  # a real model's: synthetic token ids stay inside it
+    per_run = isinstance(make_executor, list)
+    if per_run and len(make_executor) != len(runs):
+        raise ValueError(f"run_many: {len(make_executor)} executor factories for {len(runs)} runs")
     if ray is not None:
+        if per_run:
+            raise ValueError("--ray: arms with their own executors run in local processes (leave out --ray)")
         from .ray_runner import run_on_ray
 
         return run_on_ray(runs, make_executor, labels, options, extract=extract, address=ray, progress=progress)
     total = max((len(run[0].items) for run in runs), default=0)
     if jobs <= 1:
         results = []
-        for label, (workload, config, *cluster) in zip(labels, runs):
+        for i, (label, (workload, config, *cluster)) in enumerate(zip(labels, runs)):
+            factory = make_executor[i] if per_run else make_executor
             if cluster and cluster[0] is not None:
-                results.append(collect_outcomes([label], [run_remote(workload, config, make_executor, options, extract,
+                results.append(collect_outcomes([label], [run_remote(workload, config, factory, options, extract,
                                                                      cluster=cluster[0])])[0])
                 continue
             bar = ProgressBar(len(workload.items), enabled=progress, label=label)
-            doc, engine = run_workload(workload, config, make_executor(), progress=bar, **options)
+            doc, engine = run_workload(workload, config, factory(), progress=bar, **options)
             results.append((doc, extract(engine, doc) if extract is not None else None))
             engine.close()
         return results
@@ -115,7 +122,8 @@ def _run_job(index: int) -> tuple[dict[str, Any] | None, Any, str | None]:
     queue = job["queue"]
     bar = _QueuedProgress(index, queue) if queue is not None else False
     workload, config, *cluster = job["runs"][index]
-    return run_remote(workload, config, job["make_executor"], job["options"], job["extract"], bar,
+    factory = job["make_executor"][index] if isinstance(job["make_executor"], list) else job["make_executor"]
+    return run_remote(workload, config, factory, job["options"], job["extract"], bar,
                       cluster=cluster[0] if cluster else None)
 
 

@@ -84,6 +84,12 @@ def changed_inputs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         now = new_plugins.get(p["spec"], {})
         if p.get("sha256") != now.get("sha256"):
             notes.append(f"plugin {p['spec']}: its source ({p.get('module')}) changed")
+        old_imports, new_imports = p.get("imports", {}), now.get("imports", {})
+        for name in sorted(set(old_imports) | set(new_imports)):
+            if old_imports.get(name) != new_imports.get(name):
+                what = "changed" if name in old_imports and name in new_imports else (
+                    "is no longer imported" if name in old_imports else "is newly imported")
+                notes.append(f"plugin {p['spec']}: module {name}, which it imports, {what}")
     for key in ("config_file", "cost_model_file"):
         if (old.get(key) or {}).get("sha256") != (new.get(key) or {}).get("sha256"):
             notes.append(f"{key.replace('_', ' ')} {(old.get(key) or {}).get('path')}: changed")

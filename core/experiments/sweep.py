@@ -64,15 +64,24 @@ class Sweep:
 
     def run(self, points: list[tuple[str, float]]) -> None:
         """Run the (label, rate) points not run yet, all in one pool."""
+        todo, runs, labels = self.pending(points)
+        if todo:
+            self.record(todo, runs, run_many(runs, self.make_executor, extract=series_of, labels=labels,
+                                             **self.run_options))
+
+    def pending(self, points: list[tuple[str, float]]) -> tuple[list[tuple[str, float]], list[tuple], list[str]]:
+        """The (label, rate) points of `points` not run yet, their runs (workload at the rate,
+        config) and their progress labels: what `run` hands `run_many` (and `SeededSweep` pools)."""
         todo = [p for p in dict.fromkeys(points) if p not in self.docs]
-        if not todo:
-            return
         workloads = {rate: at_rate(self.base, rate, self.native) for _, rate in todo}
         runs = [(workloads[rate], self.configs[label]) for label, rate in todo]
-        results = run_many(runs, self.make_executor, extract=series_of,
-                           labels=[f"{label}@{rate:.4g}" for label, rate in todo], **self.run_options)
-        for (label, rate), (doc, series) in zip(todo, results):
-            doc["offered"] = {"rate_req_s": rate, "rate_scale": workloads[rate].params["rate_scale"]}
+        return todo, runs, [f"{label}@{rate:.4g}" for label, rate in todo]
+
+    def record(self, todo: list[tuple[str, float]], runs: list[tuple], results: list[tuple[dict[str, Any], RunSeries]]) -> None:
+        """Keep the results of the `pending` points `todo` (with their `runs`), with their offered
+        rate and SLO figures."""
+        for (label, rate), (workload, _), (doc, series) in zip(todo, runs, results):
+            doc["offered"] = {"rate_req_s": rate, "rate_scale": workload.params["rate_scale"]}
             doc["slo"] = evaluate(series.records, self.bounds, doc["summary"]["duration_s"])
             self.docs[label, rate] = doc
             self.series[label, rate] = series

@@ -1,10 +1,17 @@
 """The files of a run: the result document as JSON, one CSV row per request record, one CSV row
-per step tuple (with one running-count column per tenant)."""
+per step tuple (with one running-count column per tenant).
+
+Every file is written atomically (`atomic_open`): into a temporary file in the same folder, which
+replaces the target only once it is whole, so a killed run or a full disk leaves either the old
+file or none, never a truncated one."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,15 +35,36 @@ def _cell(v: Any) -> Any:
     return "" if v is None else v
 
 
-def _open_for_write(path: str | Path):
+@contextlib.contextmanager
+def atomic_open(path: str | Path):
+    """A text file to write `path` through: a temporary file in `path`'s folder (created if need
+    be), flushed to disk and renamed onto `path` when the block ends; removed, leaving `path` as it
+    was, when the block raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("w", newline="", encoding="utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_requests_csv(path: str | Path, records: Iterable[RequestRecord]) -> None:
     """One row per request record, columns `REQUESTS_CSV_FIELDS`; None is an empty cell."""
-    with _open_for_write(path) as f:
+    with atomic_open(path) as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(REQUESTS_CSV_FIELDS)
         for r in records:
@@ -61,7 +89,7 @@ def write_steps_csv(
     """
     idx = [StepRow._fields.index(name) for name in STEPS_CSV_FIELDS]
     tenants = list(tenants) if running_by_tenant is not None else []
-    with _open_for_write(path) as f:
+    with atomic_open(path) as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow([*STEPS_CSV_FIELDS, *map(running_column, tenants)])
         if not tenants:
@@ -74,6 +102,6 @@ def write_steps_csv(
 
 def write_json(path: str | Path, doc: dict) -> None:
     """Write a result document as indented JSON (refusing NaN, which a document never holds)."""
-    with _open_for_write(path) as f:
+    with atomic_open(path) as f:
         json.dump(doc, f, indent=2, allow_nan=False)
         f.write("\n")

@@ -5,7 +5,9 @@ confidence interval, and each policy's paired difference from a baseline with a 
 numbers: policy B's run on draw i meets exactly the requests the baseline's run on draw i met), so
 the differences B - A are paired draw by draw, which removes the spread between draws from the
 comparison. `paired_comparison` turns the K result documents of each policy into the JSON-ready
-comparison; `format_paired_table` prints it. The statistics are `metroline.core.results.stats`'s.
+comparison; `format_paired_table` prints it. The statistics are `metroline.core.results.stats`'s; the verdicts
+are controlled over the whole table (Holm's family-wise error rate over every policy and metric,
+and a minimum effect per metric kind: `metroline.core.results.multiplicity`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .multiplicity import control, p_value, paired_differences, parse_min_effect
 from .stats import DEFAULT_LEVEL, FEW_SEEDS, interval, paired_difference
 
 # (label, path in a result document, direction, display scale, display unit): the metrics compared.
@@ -40,6 +43,18 @@ PAIRED_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float, str], ...] 
 "higher", or None: no verdict, only the difference), and how the table shows it (scale, unit).
 A metric missing from the documents (`unfinished` without a horizon) is left out."""
 
+METRIC_KINDS: dict[str, str] = {
+    "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput", "completed": "count",
+    "unfinished": "count", "preemptions": "count", "recomputed_tokens": "count", "prefix_hit_rate": "share",
+    "min_jain": "share",
+}
+"""The kind of each metric without a latency's (`multiplicity.MIN_EFFECT`), by its path's last key."""
+
+
+def metric_kind(path: tuple[str, ...]) -> str:
+    """The kind of the metric at `path`: latency, throughput, count or share."""
+    return METRIC_KINDS.get(path[-1], "latency" if path[-2:-1] and path[-2].endswith("_s") else "count")
+
 
 def metric_value(doc: dict[str, Any], path: tuple[str, ...]) -> float | None:
     """The number at `path` in a result document (None when a step of it is missing or None)."""
@@ -58,27 +73,33 @@ def metric_key(path: tuple[str, ...]) -> str:
 
 def paired_comparison(
     runs: dict[str, list[dict[str, Any]]], seeds: list[int], baseline: str, *, level: float = DEFAULT_LEVEL,
+    min_effect: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The comparison of `runs` ({policy label: one result document per seed, in the order of
     `seeds`}) against the policy `baseline`:
 
-    `{"seeds", "baseline", "level", "policies": {label: {metric: {"values", "mean", "vs_baseline"}}},
-    "metrics": {metric: {"label", "direction"}}}` where `mean` is the interval of the mean over the
-    seeds (`stats.interval`) and `vs_baseline` the paired difference from the baseline's values
-    (`stats.paired_difference`; None for the baseline itself). A metric that is None in any run
-    of a policy (or of the baseline) gets `mean` (or `vs_baseline`) None."""
+    `{"seeds", "baseline", "level", "min_effect", "policies": {label: {metric: {"values", "mean",
+    "vs_baseline"}}}, "metrics": {metric: {"label", "direction", "kind"}}}` where `mean` is the
+    interval of the mean over the seeds (`stats.interval`) and `vs_baseline` the paired difference
+    from the baseline's values (`stats.paired_difference`, with its `p_value`; None for the
+    baseline itself), its `verdict` controlled over the whole table (`multiplicity.control`:
+    `verdict_uncorrected`, `removed_by`). A metric that is None in any run of a policy (or of the
+    baseline) gets `mean` (or `vs_baseline`) None. `min_effect`: by metric kind, default
+    `multiplicity.MIN_EFFECT`."""
     if baseline not in runs:
         raise ValueError(f"--baseline: {baseline!r} is not one of the compared policies ({', '.join(runs)})")
     for label, docs in runs.items():
         if len(docs) != len(seeds):
             raise ValueError(f"{label}: {len(docs)} runs for {len(seeds)} seeds")
+    min_effect = parse_min_effect(None) if min_effect is None else min_effect
     metrics: dict[str, dict[str, Any]] = {}
     policies: dict[str, dict[str, Any]] = {label: {} for label in runs}
+    family: list[tuple[dict[str, Any], str]] = []
     for label_text, path, direction, _, _ in PAIRED_METRICS:
         if not any(metric_value(d, path) is not None for docs in runs.values() for d in docs):
             continue
-        key = metric_key(path)
-        metrics[key] = {"label": label_text, "direction": direction}
+        key, kind = metric_key(path), metric_kind(path)
+        metrics[key] = {"label": label_text, "direction": direction, "kind": kind}
         base = [metric_value(d, path) for d in runs[baseline]]
         for label, docs in runs.items():
             values = [metric_value(d, path) for d in docs]
@@ -86,9 +107,29 @@ def paired_comparison(
             entry: dict[str, Any] = {"values": values, "mean": interval(values, level=level).as_dict() if whole else None,
                                      "vs_baseline": None}
             if label != baseline and whole and None not in base:
-                entry["vs_baseline"] = paired_difference(base, values, direction, level=level).as_dict()
+                diff = paired_difference(base, values, direction, level=level).as_dict()
+                diff["p_value"] = p_value(paired_differences(base, values))
+                entry["vs_baseline"] = diff
+                family.append((diff, kind))
             policies[label][key] = entry
-    return {"seeds": list(seeds), "baseline": baseline, "level": level, "metrics": metrics, "policies": policies}
+    control([e for e, _ in family], [k for _, k in family], level, min_effect)
+    return {"seeds": list(seeds), "baseline": baseline, "level": level, "min_effect": min_effect,
+            "error_control": "holm", "metrics": metrics, "policies": policies}
+
+
+def removed_counts(comparison: dict[str, Any]) -> dict[str, int]:
+    """How many verdicts of the table are directed (`family`), and how many better/worse ones the
+    correction (`holm`) and the minimum effect (`min_effect`) turned into no difference."""
+    counts = {"family": 0, "holm": 0, "min_effect": 0}
+    for metrics in comparison["policies"].values():
+        for entry in metrics.values():
+            diff = entry["vs_baseline"]
+            if diff is None or diff.get("verdict") is None:
+                continue
+            counts["family"] += 1
+            if diff.get("removed_by"):
+                counts[diff["removed_by"]] += 1
+    return counts
 
 
 def _format_of(x: float) -> str:
@@ -121,6 +162,9 @@ def _diff_cell(diff: dict[str, Any] | None) -> str:
         text = f"{d:+{_format_of(d)}}"
     else:
         text = f"{_pct(rel['estimate'])} [{_pct(rel['low'])}, {_pct(rel['high'])}]"
+    if diff.get("removed_by"):
+        why = "Holm" if diff["removed_by"] == "holm" else "< min effect"
+        return f"{text} no difference ({diff['verdict_uncorrected']} removed: {why})"
     return f"{text} {diff['verdict']}" if diff["verdict"] else text
 
 
@@ -145,6 +189,12 @@ def format_paired_table(comparison: dict[str, Any]) -> str:
     k = len(comparison["seeds"])
     lines = [f"{k} seeds ({', '.join(map(str, comparison['seeds']))}); mean [{level:.0%} interval] over the seeds; "
              f"differences paired seed by seed, relative to {base}'s mean"]
+    counts = removed_counts(comparison)
+    if counts["family"]:
+        effect = ", ".join(f"{kind} {x:.2%}".replace(".00%", "%") for kind, x in comparison.get("min_effect", {}).items())
+        lines.append(f"verdicts: family-wise error <= {1 - level:.0%} over the table's {counts['family']} verdicts "
+                     f"(Holm), each also at least the minimum effect ({effect}); removed: {counts['holm']} by Holm, "
+                     f"{counts['min_effect']} below the minimum effect")
     if k < FEW_SEEDS:
         lines.append(f"note: with {k} seeds an interval covers the true value less often than {level:.0%} "
                      "(about 75% with 3 seeds, 93% with 5); use --seeds 10 for intervals to trust")

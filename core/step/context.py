@@ -28,6 +28,9 @@ class StepContext:
     - `block_size`, `num_blocks`
     - `hook`: the hook relay (`PluginManager.hook`), for a plugin that asks other plugins (e.g.
       `srpt` calls `ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)`)
+    - `salt`: the plugins' private randomness for this engine (`EngineConfig.plugin_salt`): a
+      plugin that draws random numbers seeds them from it, so two runs of the same config draw
+      alike and `compare --aa` can give two arms of one policy independent draws
     - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
     - `hooks`: deprecated spelling of `hook` (it warns once per plugin; removed in 0.3.0)
 
@@ -85,6 +88,11 @@ class StepContext:
             raise RuntimeError("StepContext.fail is for sample implementations, during the sample hook")
         if not any(s is seq for s, _ in self._failures):
             self._failures.append((seq, error))
+
+    @property
+    def salt(self) -> int:
+        """The plugins' private randomness: seed a plugin's own random draws from it (see the class)."""
+        return self.config.plugin_salt
 
     @property
     def num_running(self) -> int:

@@ -102,7 +102,7 @@ def build_workload(
     `seed` drives the synthetic built-ins (default 0); for a spec file, a seed given here
     overrides the file's (None: the file's own). A spec file's requests depend on its content, not
     on its name (`spec_namespace`). A trace is replayed as recorded when `seed` is None, and
-    resampled with `seed` otherwise, by the method `resample` ("redraw" or "window:SECONDS", see
+    resampled with `seed` otherwise, by the method `resample` ("redraw", "window:SECONDS" or "gamma:B", see
     `metroline.core.workloads.resample`). The seed used is in `params["seed"]` (absent for a trace as recorded).
     `groups` is for `mixed-64` only. Then, for any source: the first `max_requests` by arrival are
     kept and `rate_scale` / `length_scale` applied (`scale_items`).

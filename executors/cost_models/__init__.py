@@ -8,7 +8,8 @@
 - `calibrated`: the linear model fitted to a real executor (a `metroline calibrate` fit file, or a
   real run's step log).
 
-Every model costs an empty step (nothing scheduled, no block ops) 0 seconds. Parameters are checked
+Any model takes `slowdown` (a factor > 0, `scaled.py`): its step times multiplied by it, a
+planted slowdown for a power check. Every model costs an empty step (nothing scheduled, no block ops) 0 seconds. Parameters are checked
 by pydantic (`extra="forbid"`), so a typo or an out-of-range value is an error naming the field.
 
 The package has one module per model (`steps`, `linear`, `roofline` with its `hardware` presets,
@@ -33,12 +34,13 @@ from .hardware import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelShape
 from .least_squares import fit_linear
 from .linear import LinearConfig, LinearCostModel
 from .roofline import RooflineConfig, RooflineCostModel, attention_pairs
+from .scaled import ScaledCostModel
 from .steps import StepsConfig, StepsCostModel
 
 __all__ = [
     "COST_MODELS", "FITTED", "GPU_PRESETS", "MODEL_PRESETS", "STEP_LOG_COLUMNS",
     "CalibratedConfig", "CalibratedCostModel", "CostModel", "GpuSpec", "LinearConfig",
-    "LinearCostModel", "ModelShape", "RooflineConfig", "RooflineCostModel", "StepsConfig",
+    "LinearCostModel", "ModelShape", "RooflineConfig", "RooflineCostModel", "ScaledCostModel", "StepsConfig",
     "StepsCostModel", "StrictConfig", "attention_pairs", "calibrated_cost_model", "fit_linear",
     "is_empty", "make_cost_model", "read_step_log",
 ]
@@ -56,10 +58,14 @@ def make_cost_model(name: str, **params: Any) -> CostModel:
     """Build the cost model `name` (one of `COST_MODELS`) from its parameters.
 
     Raises ValueError for an unknown name, and pydantic's ValidationError (a ValueError) naming the
-    field for a bad or unknown parameter or an unknown preset.
+    field for a bad or unknown parameter or an unknown preset. `slowdown` (any model) multiplies
+    its step times (`ScaledCostModel`).
     """
     try:
         factory = COST_MODELS[name]
     except KeyError:
         raise ValueError(f"unknown cost model {name!r}; valid: {', '.join(COST_MODELS)}") from None
+    if "slowdown" in params:
+        factor = params.pop("slowdown")
+        return ScaledCostModel(factory(**params), factor)
     return factory(**params)

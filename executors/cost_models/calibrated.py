@@ -85,7 +85,9 @@ class CalibratedCostModel(LinearCostModel):
         """Write the fit file `from_file` reads back: coefficients, r2, num_samples, and `extra`."""
         doc = {"cost_model": self.name, "coefficients": self.coefficients(), "r2": self.r2,
                "num_samples": self.num_samples, **extra}
-        with open(path, "w") as f:
+        from ...core.results.files import atomic_open
+
+        with atomic_open(path) as f:  # a half-written fit file is never left behind
             json.dump(doc, f, indent=2, allow_nan=False)
             f.write("\n")
 

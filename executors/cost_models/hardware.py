@@ -55,6 +55,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {
                              head_dim=128, intermediate_size=14336, vocab_size=128256),
     "llama-2-7b": ModelShape(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32,
                              head_dim=128, intermediate_size=11008, vocab_size=32000),
+    "llama-2-70b": ModelShape(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
+                              head_dim=128, intermediate_size=28672, vocab_size=32000),
     "llama-3-70b": ModelShape(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
                               head_dim=128, intermediate_size=28672, vocab_size=128256),
     "smollm2-135m": ModelShape(num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3,
@@ -69,3 +71,24 @@ GPU_PRESETS: dict[str, GpuSpec] = {
     "H200": GpuSpec(flops=989e12, bandwidth=4.8e12),
 }
 """NVIDIA datasheet peaks, SXM parts (A100 is the 80GB one), dense bf16."""
+
+
+class NodeSpec(StrictConfig):
+    """A multi-GPU node: its `gpu` preset, how many (`gpus`), and the GPU-to-GPU link that tensor
+    and pipeline parallelism talk over: `link_bandwidth` (bytes/s one way, per GPU) and
+    `link_latency` (seconds per collective or transfer)."""
+
+    gpu: str
+    gpus: int = Field(gt=0)
+    link_bandwidth: float = Field(gt=0.0)
+    link_latency: float = Field(ge=0.0)
+
+
+NODE_PRESETS: dict[str, NodeSpec] = {
+    "DGX-A100": NodeSpec(gpu="A100", gpus=8, link_bandwidth=300e9, link_latency=8e-6),
+    "DGX-H100": NodeSpec(gpu="H100", gpus=8, link_bandwidth=450e9, link_latency=8e-6),
+    "HGX-H200": NodeSpec(gpu="H200", gpus=8, link_bandwidth=450e9, link_latency=8e-6),
+}
+"""8-GPU nodes on NVLink (NVSwitch): NVLink 3 (A100) 600 GB/s and NVLink 4 (H100, H200) 900 GB/s
+per GPU both ways together, half each way; the latency of a small all-reduce (`link_latency`)
+as Vidur measured on H100s (`h100_pairwise_nvlink_all_reduce.csv`: 7-30 us for a few KB)."""

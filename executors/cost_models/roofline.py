@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ...core.step.plan import StepPlan
 from ..base import count_block_ops
 from .base import StrictConfig, is_empty
-from .hardware import GPU_PRESETS, MODEL_PRESETS, GpuSpec, ModelShape
+from .hardware import GPU_PRESETS, MODEL_PRESETS, NODE_PRESETS, GpuSpec, ModelShape
 
 
 class RooflineConfig(StrictConfig):
@@ -17,6 +17,13 @@ class RooflineConfig(StrictConfig):
     the peaks (fitted to measured GPU timings: see `RooflineCostModel`); `overhead` is seconds per
     step (launches, scheduling); `host_bandwidth` is the host link in bytes/s for swaps (25e9: what
     a PCIe 4.0 x16 link, the A100's, sustains; about 50e9 for the PCIe 5.0 of H100 and H200).
+
+    Scaling out (`RooflineCostModel` says how each is priced): `tensor_parallel` (T GPUs share
+    every layer), `pipeline_parallel` (P stages of consecutive layers), over a link of
+    `link_bandwidth` bytes/s one way and `link_latency` seconds per collective; `node` (a
+    `NODE_PRESETS` name) sets the GPU and the link at once. `layer_overhead` is seconds per layer
+    per step (kernel launches and tails of the small matmuls a layer splits into; 0 by default:
+    fitted to Vidur's H100 timings it is 60 us, see the README's table).
     """
 
     model: Union[str, ModelShape] = "llama-3-8b"
@@ -25,6 +32,29 @@ class RooflineConfig(StrictConfig):
     bandwidth_efficiency: float = Field(default=0.7, gt=0.0, le=1.0)
     overhead: float = Field(default=5e-4, ge=0.0)
     host_bandwidth: float = Field(default=25e9, gt=0.0)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    link_bandwidth: float = Field(default=450e9, gt=0.0)
+    link_latency: float = Field(default=8e-6, ge=0.0)
+    layer_overhead: float = Field(default=0.0, ge=0.0)
+    node: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("node") is not None:
+            if data["node"] not in NODE_PRESETS:
+                raise ValueError(f"unknown node preset {data['node']!r}; valid: {', '.join(NODE_PRESETS)}")
+            node = NODE_PRESETS[data["node"]]
+            data = {"gpu": node.gpu, "link_bandwidth": node.link_bandwidth, "link_latency": node.link_latency, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _fits(self) -> "RooflineConfig":
+        if self.node is not None and self.tensor_parallel * self.pipeline_parallel > NODE_PRESETS[self.node].gpus:
+            raise ValueError(f"tensor_parallel x pipeline_parallel: {self.tensor_parallel * self.pipeline_parallel} GPUs, "
+                             f"more than the {NODE_PRESETS[self.node].gpus} of node {self.node}")
+        return self
 
     @field_validator("model", "gpu")
     @classmethod
@@ -90,6 +120,16 @@ class RooflineCostModel:
     | llama-2-7b, A100 | 0.98 (0.86) | 0.95 (0.83) | 0.74 (0.72) | 0.97 (1.06) | 0.98 (1.06) |
     | llama-2-7b, H100 | 0.99 (0.87) | 0.96 (0.84) | 0.87 (0.76) | 0.85 (0.92) | 1.02 (1.10) |
 
+    Parallelism, as Vidur models it: with tensor parallelism T every matmul, the attention heads
+    and the LM head are split T ways (compute and weights / T), each GPU reads the KV of its
+    `min(T, num_kv_heads)`-th share of the KV heads, and every layer adds two all-reduces of the
+    step's activations (`tokens x hidden x bytes`), each `link_latency + 2 (T - 1) / T x bytes /
+    link_bandwidth` (a ring), not overlapped with compute. With pipeline parallelism P the stages
+    run one after the other for a step's batch (one batch in flight: the step's latency is the
+    sum of the stages, so the compute and weight terms are unchanged) and P - 1 hand-offs of the
+    activations (`link_latency + bytes / link_bandwidth`) are added. `layer_overhead` x layers is
+    added to every step.
+
     (llama-3-8b on A100: a decode step of 1 sequence 10.5 ms against 10.3 measured, 128 sequences
     10.5 against 14.1; a 2,048-token prefill 141 ms against 144.) Decodes of about a hundred
     sequences are where a roofline is weakest: the matmuls are neither bandwidth- nor
@@ -103,14 +143,20 @@ class RooflineCostModel:
         self.config = c = RooflineConfig(**params)
         self.shape: ModelShape = _resolve("model", c.model)
         self.gpu: GpuSpec = _resolve("gpu", c.gpu)
-        s, g = self.shape, self.gpu
+        s, g, t = self.shape, self.gpu, c.tensor_parallel
         self._flops = g.flops * c.flops_efficiency
         self._bandwidth = g.bandwidth * c.bandwidth_efficiency
-        self._flops_per_token = 2.0 * s.layer_params * s.num_layers
-        self._flops_per_logit_row = 2.0 * s.vocab_size * s.hidden_size
-        self._flops_per_pair = 4.0 * s.num_layers * s.num_heads * s.head_dim
-        self._weight_bytes = s.weight_bytes
-        self._kv_bytes = s.kv_bytes_per_token
+        self._flops_per_token = 2.0 * s.layer_params * s.num_layers / t
+        self._flops_per_logit_row = 2.0 * s.vocab_size * s.hidden_size / t
+        self._flops_per_pair = 4.0 * s.num_layers * s.num_heads * s.head_dim / t
+        self._weight_bytes = s.weight_bytes / t
+        self._kv_bytes = s.kv_bytes_per_token  # a block's bytes (swaps, copies): all of it, over the GPUs
+        self._kv_read = s.kv_bytes_per_token / min(t, s.num_kv_heads)  # what one GPU reads or writes
+        self._fixed = c.overhead + c.layer_overhead * s.num_layers
+        activation = s.hidden_size * s.bytes_per_param  # bytes per token of a layer's output
+        ring = 2 * (t - 1) / t / c.link_bandwidth if t > 1 else 0.0
+        self._comm_per_token = activation * (2 * s.num_layers * ring + (c.pipeline_parallel - 1) / c.link_bandwidth)
+        self._comm_fixed = c.link_latency * ((2 * s.num_layers if t > 1 else 0) + c.pipeline_parallel - 1)
 
     def breakdown(self, plan: StepPlan) -> tuple[float, float, float]:
         """`(compute_s, memory_s, block_ops_s)` of the plan, before the overhead."""
@@ -120,7 +166,7 @@ class RooflineCostModel:
             flops = (self._flops_per_token * n + self._flops_per_logit_row * plan.num_seqs
                      + self._flops_per_pair * attention_pairs(plan))
             compute = flops / self._flops
-            kv_bytes = self._kv_bytes * (plan.num_context_tokens + n)
+            kv_bytes = self._kv_read * (plan.num_context_tokens + n)
             memory = (self._weight_bytes + kv_bytes) / self._bandwidth
         if plan.block_ops:
             copies, outs, ins = count_block_ops(plan.block_ops)
@@ -129,11 +175,15 @@ class RooflineCostModel:
                         + 2 * block * copies / self._bandwidth)
         return compute, memory, transfer
 
+    def communication(self, plan: StepPlan) -> float:
+        """Seconds the step's tensor- and pipeline-parallel traffic takes (0 on one GPU)."""
+        return self._comm_fixed + self._comm_per_token * plan.num_tokens if plan.num_tokens else 0.0
+
     def step_time(self, plan: StepPlan) -> float:
         if is_empty(plan):
             return 0.0
         compute, memory, transfer = self.breakdown(plan)
-        return max(compute, memory) + transfer + self.config.overhead
+        return max(compute, memory) + transfer + self.communication(plan) + self._fixed
 
     def describe(self) -> dict:
         return {

@@ -1,0 +1,140 @@
+"""Error control over a whole `compare --seeds` table (core/results/multiplicity.py): Holm's
+step-down over every verdict, the paired t-test's p-value, the minimum effect, and `compare --aa`
+(one policy against itself, arms differing only in their plugins' private randomness)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from metroline import cli
+from metroline.core.results.aa import aa_salts, wilson
+from metroline.core.results.multiplicity import MIN_EFFECT, holm, p_value, parse_min_effect
+from metroline.core.results.paired import format_paired_table, paired_comparison
+
+
+def test_holm_steps_down_and_stops_at_the_first_failure():
+    # sorted: 0.005 <= 0.05/4, 0.01 <= 0.05/3, 0.03 > 0.05/2: stop (0.04 is not rejected either)
+    assert holm([0.01, 0.04, 0.03, 0.005], 0.05) == [True, False, False, True]
+    assert holm([0.04, 0.04], 0.05) == [False, False]  # each alone would be, the family is not
+    assert holm([0.02, 0.024], 0.05) == [True, True]
+
+
+def test_p_value_is_the_paired_t_tests():
+    d = [1.0, 2.0, 3.0, 4.0, 5.0]  # mean 3, sd sqrt(2.5): t = 3 sqrt(5) / sqrt(2.5) = 3 sqrt(2)
+    t = 3 * math.sqrt(2)
+    # Student's t with 4 degrees of freedom: P(|T| > t) = 1 - t (t^2 + 6) / (t^2 + 4)^1.5
+    assert p_value(d) == pytest.approx(1 - t * (t * t + 6) / (t * t + 4) ** 1.5, rel=1e-9)
+    assert p_value([0.0, 0.0, 0.0]) == 1.0 and p_value([2.0, 2.0]) == 0.0 and p_value([1.0]) == 1.0
+
+
+def test_min_effect_flag():
+    assert parse_min_effect(None) == MIN_EFFECT
+    assert parse_min_effect("0.02") == dict.fromkeys(MIN_EFFECT, 0.02)
+    assert parse_min_effect("count=0.1")["count"] == 0.1 and parse_min_effect("count=0.1")["latency"] == MIN_EFFECT["latency"]
+    with pytest.raises(ValueError, match="--min-effect: 'speed' is not a metric kind"):
+        parse_min_effect("speed=0.1")
+    with pytest.raises(ValueError, match="--min-effect: latency: must be a fraction >= 0"):
+        parse_min_effect("latency=-1")
+
+
+def doc(e2e: float, ttft: float, tok_s: float) -> dict:
+    return {"summary": {"e2e_s": {"mean": e2e, "p99": e2e}, "ttft_s": {"mean": ttft, "p50": ttft, "p99": ttft},
+                        "output_throughput_tok_s": tok_s}}
+
+
+SEEDS = list(range(6))
+BASE = [1.0, 1.3, 0.9, 1.1, 1.2, 1.05]
+NOISE = [0.03, -0.01, 0.04, 0.0, 0.02, 0.01]  # mean 0.015, sd 0.0187: t = 1.96, p = 0.107 -> no verdict anyway
+
+
+def test_the_table_removes_a_verdict_holm_rejects_and_one_below_the_min_effect():
+    strong = [-0.2 + 0.01 * i for i in range(6)]  # every TTFT 17.5-20% lower: far past any threshold
+    weak = [0.021, 0.012, 0.019, 0.011, 0.02, 0.013]  # E2E 1.6% higher, t = 9.4, p = 2e-4: significant
+    tiny = [2e-4, 1e-4, 3e-4, 2e-4, 1e-4, 2e-4]  # throughput 0.018% higher: p tiny, effect tiny
+    runs = {"a": [doc(b, b / 2, 1000.0) for b in BASE],
+            "b": [doc(b * (1 + w), b / 2 * (1 + s), 1000.0 * (1 + t)) for b, w, s, t in zip(BASE, weak, strong, tiny)]}
+    comparison = paired_comparison(runs, SEEDS, "a")
+    b = comparison["policies"]["b"]
+    assert b["summary.ttft_s.mean"]["vs_baseline"]["verdict"] == "better"
+    assert b["summary.e2e_s.mean"]["vs_baseline"]["verdict"] == "worse"  # 1.6% >= 1%, Holm keeps it
+    tput = b["summary.output_throughput_tok_s"]["vs_baseline"]
+    assert (tput["verdict_uncorrected"], tput["verdict"], tput["removed_by"]) == ("better", "no difference", "min_effect")
+    table = format_paired_table(comparison)
+    assert "better removed: < min effect" in table
+    assert "Holm" in table.splitlines()[1] and "removed: 0 by Holm, 1 below the minimum effect" in table
+    # 1% is a strict threshold: at 2% the E2E verdict goes too
+    stricter = paired_comparison(runs, SEEDS, "a", min_effect=parse_min_effect("latency=0.02"))
+    assert stricter["policies"]["b"]["summary.e2e_s.mean"]["vs_baseline"]["removed_by"] == "min_effect"
+
+
+def test_holm_removes_a_verdict_whose_interval_alone_would_stand():
+    # E2E 3% higher on 5 of 6 draws, 1% lower on one: the interval excludes 0, but p (0.02) is
+    # above 0.05 / 6 (the table has 6 directed verdicts: e2e mean, p99, ttft mean/p50/p99, throughput)
+    shift = [0.03, 0.03, 0.03, 0.03, 0.03, -0.01]
+    runs = {"a": [doc(b, 0.5, 1000.0) for b in BASE], "b": [doc(b * (1 + s), 0.5, 1000.0) for b, s in zip(BASE, shift)]}
+    entry = paired_comparison(runs, SEEDS, "a")["policies"]["b"]["summary.e2e_s.mean"]["vs_baseline"]
+    assert 0.05 / 6 < entry["p_value"] < 0.05
+    assert (entry["verdict_uncorrected"], entry["verdict"], entry["removed_by"]) == ("worse", "no difference", "holm")
+
+
+def test_aa_salts_are_distinct_for_every_arm_draw_and_table():
+    salts = [s for t in range(3) for i in range(4) for s in aa_salts(t, i, 4)]
+    assert len(set(salts)) == len(salts) == 24 and min(salts) > 0  # 0 is every engine's default
+
+
+def test_wilson_interval():
+    low, high = wilson(0, 20)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(0.161, abs=1e-3)  # z^2 / (n + z^2)
+    low, high = wilson(10, 20)
+    assert low == pytest.approx(1 - high) and low < 0.5 < high
+
+
+SMALL = ["--workload", "chat", "--max-requests", "60", "--rate-scale", "0.16", "--no-progress", "--jobs", "1"]
+
+
+def test_aa_of_a_deterministic_policy_says_it_checks_nothing(tmp_path, capsys):
+    out = tmp_path / "aa.json"
+    assert cli.main(["compare", "--aa", "fcfs", "--seeds", "2", "--trials", "2", *SMALL, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["aa"]["identical"] and doc["aa"]["tables_with_false_verdict"] == 0 and doc["aa"]["tables"] == 2
+    assert [r["config"]["plugin_salt"] for r in doc["runs"]] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert "checks nothing" in capsys.readouterr().out
+
+
+def test_aa_arms_with_private_randomness_differ(tmp_path, capsys):
+    out = tmp_path / "aa.json"
+    assert cli.main(["compare", "--aa", "fcfs+aa_plugins:RandomOrder", "--seeds", "2", *SMALL, "--rate-scale", "1",
+                     "--json", str(out)]) == 0  # 6 x capacity: requests queue, and the order matters
+    doc = json.loads(out.read_text())
+    assert not doc["aa"]["identical"]
+    a, b = doc["runs"][0]["summary"], doc["runs"][1]["summary"]  # draw 0, arms a and b: the same requests
+    assert a["requests"] == b["requests"] and a["ttft_s"]["mean"] != b["ttft_s"]["mean"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--aa", "fcfs"], "--aa: give --seeds K"),
+    (["--aa", "fcfs", "--seeds", "2", "--policies", "fcfs,srpt"], "--aa: compares one policy with itself"),
+    (["--aa", "fcfs", "--seeds", "2", "--trials", "0"], "--trials: must be at least 1"),
+    (["--policies", "fcfs,srpt", "--trials", "3", "--seeds", "2"], "--trials: applies with --aa only"),
+    (["--policies", "fcfs,srpt", "--min-effect", "0.1"], "--min-effect: applies with --seeds only"),
+])
+def test_bad_aa_flags_are_refused_in_one_line(argv, message, capsys):
+    assert cli.main(["compare", *argv, *SMALL]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_aa_tables_hold_their_family_wise_level(tmp_path):
+    """40 A/A tables of 5 draws of random order of service: the share with any false verdict is
+    within Binomial(40, 0.05)'s 99% quantile (6), and no metric's rate is above nominal's (4 of 40)."""
+    out = tmp_path / "aa.json"
+    argv = ["compare", "--aa", "fcfs+aa_plugins:RandomOrder", "--seeds", "5", "--trials", "40", "--workload", "chat",
+            "--max-requests", "120", "--rate-scale", "0.16", "--no-progress", "--json", str(out)]
+    assert cli.main(argv) == 0
+    rates = json.loads(out.read_text())["aa"]
+    assert not rates["identical"]
+    assert rates["tables_with_false_verdict"] <= 6
+    assert all(m["rate"] * 40 <= 4 for m in rates["per_metric"].values())
