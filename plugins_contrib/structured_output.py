@@ -15,10 +15,12 @@ matcher):
    request preempted and recomputed, or a token a wrapper above changed, never advances it twice
    or out of step);
 2. every matcher writes its allowed tokens into one bitmask tensor (llguidance fills the rows in
-   parallel, outside the interpreter lock); the rows of those sequences are masked in place in one
-   batched operation (forbidden tokens get -inf; EOS is allowed only where the grammar is
-   complete, and is then the only token allowed once nothing else can follow);
-3. the samplers below choose (temperature, top-p, penalties, seeds apply to the masked rows);
+   parallel, outside the interpreter lock), turned into one bias that the wrapper registers with
+   `ctx.add_logits_bias` (forbidden tokens get -inf; EOS is allowed only where the grammar is
+   complete, and is then the only token allowed once nothing else can follow): the engine adds it
+   to those rows in one batched operation, on a copy of the logits;
+3. the samplers below choose from `ctx.adjusted_logits(logits)` (temperature, top-p, penalties,
+   seeds apply to the masked rows);
 4. a chosen token the mask forbids (a `min_tokens` that bans the EOS a complete grammar needs, a
    sampler below that ignored the mask) fails that request (`ctx.fail`) with the reason, as does a
    matcher in an error state; the other requests go on.
@@ -200,7 +202,7 @@ class StructuredOutputSampler:
                 if m.matcher.is_error():  # the mask's computation ran out of its limits
                     m.error = f"the grammar failed: {_one_line(m.matcher.get_error())}"
                     ctx.fail(seqs[i], f"structured_output: {m.error}")
-            _mask_rows(logits, live, bitmask)
+            ctx.add_logits_bias(live, _bias(bitmask, logits))
         tokens = yield
         if bitmask is None or not isinstance(tokens, list) or len(tokens) != len(seqs):
             return tokens  # the engine reports a malformed answer
@@ -282,20 +284,13 @@ NEG_INF_BITS = -8388608
 """0xFF800000 as an int32: the bits of float32 -inf (0 is the bits of 0.0)."""
 
 
-def _mask_rows(logits: Any, rows: list[int], bitmask: Any) -> None:
-    """Add -inf, in place, to every logit of row `rows[j]` whose bit in `bitmask[j]` is 0, and 0
-    to the others: one bias for the whole batch, added in one operation."""
-    import torch
-
-    n, vocab = len(rows), logits.shape[1]
-    with torch.inference_mode():  # the executor's logits are inference tensors
-        bias = _bias_cpu(bitmask, vocab) if logits.device.type == "cpu" else _bias_on(bitmask, vocab, logits.device)
-        if bias.dtype != logits.dtype:
-            bias = bias.to(logits.dtype)
-        if n == logits.shape[0]:
-            logits.add_(bias)
-        else:
-            logits.index_add_(0, torch.tensor(rows, dtype=torch.long, device=logits.device), bias)
+def _bias(bitmask: Any, logits: Any) -> Any:
+    """The bias of `bitmask` for `logits` (`[rows, vocab]`, on the logits' device and dtype): -inf
+    where a bit is 0, 0 where it is 1; the engine adds it to those rows (`ctx.add_logits_bias`)
+    in one batched operation, without touching the executor's tensor."""
+    vocab = logits.shape[1]
+    bias = _bias_cpu(bitmask, vocab) if logits.device.type == "cpu" else _bias_on(bitmask, vocab, logits.device)
+    return bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
 
 
 def _bias_cpu(bitmask: Any, vocab: int) -> Any:

@@ -8,7 +8,8 @@ the hooks it cares about.
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
   at `max_prefill_chunk`;
 - `order_running`: admission order;
-- `sample`: stand-in tokens in simulation; otherwise `metroline.core.requests.sampling.Sampler` (greedy,
+- `sample`: stand-in tokens in simulation (skipping tokens a wrapper banned); otherwise, on
+  `ctx.adjusted_logits(logits)`, `metroline.core.requests.sampling.Sampler` (greedy,
   temperature, top-k/top-p/min-p, penalties, seeds; vectorised when the logits are a tensor).
 """
 
@@ -27,6 +28,15 @@ from .victims import last_admitted_victim
 def stand_in_token(seq: Sequence) -> int:
     """A deterministic token for simulation: distinct across sequences and positions, never 0."""
     return 1 + (seq.arrival_no * 7919 + seq.index * 104729 + len(seq.token_ids) * 31) % 30000
+
+
+def _allowed_stand_in(ctx: StepContext, seq: Sequence) -> int:
+    """`stand_in_token(seq)`, or the next token up that no wrapper banned for `seq` this step."""
+    tok = stand_in_token(seq)
+    banned = ctx.banned_tokens(seq)
+    while tok in banned:
+        tok += 1
+    return tok
 
 
 class DefaultPolicy:
@@ -56,7 +66,8 @@ class DefaultPolicy:
     @hookimpl(trylast=True)
     def sample(self, ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int]:
         if logits is None:
-            return [stand_in_token(s) for s in seqs]
+            return [_allowed_stand_in(ctx, s) for s in seqs]
+        logits = ctx.adjusted_logits(logits)  # the bans and biases of the wrappers above
         if self._sampler is None:
             from ..requests.sampling import Sampler
 
