@@ -76,39 +76,29 @@ def copy_masks(masks: Any) -> Any:
 
 class AdmissionShadow:
     """One `admission` answer of a plain implementation, compared with the answer below as the
-    scheduler pulls it: changed when the candidates pulled differ from the first ones of the answer
-    below (one dropped, added or reordered), or when `head_of_line` differs."""
+    scheduler pulls it: each candidate pulled is compared with the next one of the answer below,
+    pulled at the same moment (before the scheduler admits either); changed when one differs
+    (dropped, added or reordered), when one answer ran out before the other, or when
+    `head_of_line` differs."""
 
     def __init__(self, below: Any, on_change: Callable[[], None]) -> None:
         self.below = below if isinstance(below, Candidates) else Candidates(below)
         self.on_change = on_change
-        self.passed: list[Any] = []
 
     def wrap(self, answer: Candidates) -> Candidates:
         head = answer.head_of_line != self.below.head_of_line
-        return Candidates(self._logged(iter(answer), head), answer.head_of_line)
+        return Candidates(self._paired(iter(answer), iter(self.below), head), answer.head_of_line)
 
-    def _logged(self, items: Any, head_changed: bool) -> Any:
+    def _paired(self, items: Any, below: Any, changed: bool) -> Any:
         try:
             for seq in items:
-                self.passed.append(seq)
+                if not changed and next(below, _END) is not seq:
+                    changed = True
                 yield seq
-            self.passed.append(_END)
+            if not changed and next(below, _END) is not _END:
+                changed = True
         finally:
             close_candidates(items)
-            self._judge(head_changed)
-
-    def _judge(self, head_changed: bool) -> None:
-        below: list[Any] = []
-        it = iter(self.below)
-        try:
-            for _ in range(len(self.passed)):
-                below.append(next(it, _END))
-                if below[-1] is _END:
-                    break
-        finally:
-            close_candidates(it)
-        ran_out = self.passed[-1:] == [_END]
-        same = self.passed == below if ran_out else self.passed == below[: len(self.passed)]
-        if head_changed or not same:
-            self.on_change()
+            close_candidates(below)
+            if changed:
+                self.on_change()
