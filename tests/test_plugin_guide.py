@@ -445,6 +445,18 @@ def test_the_reference_build_command_is_the_one_ci_runs():
     assert {r.split(">")[0] for r in extras["docs"]} <= {r.split(">")[0] for r in extras["test"]}
 
 
+def test_the_tenant_affinity_router_passes_check_plugin_strict_on_its_cluster(guide):
+    out = shell(guide, command("tenant_affinity:TenantAffinity"))
+    assert re.search(r"chat +cluster .*routed=\{'r0': \d+, 'r1': \d+, 'r2': \d+\} \(down after a third: r1\)", out), out
+    assert re.search(r"route: called \d+ times, changed the answer [1-9]\d* times", out), out
+
+
+@pytest.mark.slow  # the suite three times (with and without the plugin): about a minute here
+def test_the_edf_example_passes_its_own_test(guide):
+    out = shell(guide, command("test_edf.py"), timeout=600)
+    assert re.search(r"\b1 passed\b", out)
+
+
 @pytest.mark.slow  # the whole suite, and the torch executor on a tiny model: about a minute here
 def test_the_token_ban_passes_check_plugin_strict_on_real_logits(guide):
     pytest.importorskip("transformers")
@@ -458,7 +470,7 @@ SNIPPETS = {
     "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"],
 }
 COMMANDS = [
-    ("quiet_batch:QuietBatch",), ("token_ban:TokenBan",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
+    ("quiet_batch:QuietBatch",), ("token_ban:TokenBan",), ("tenant_affinity:TenantAffinity",), ("test_edf.py",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
     ("compare", "acme_tenants"), ("hrrn:HRRN", "compare"), ("las.json",), ("las-roofline.json",), ("lengths:",),
     ("pytest", "acme-tenants/tests"), ("pytest", "test_research_conformance"), ("sphinx-build",),
     ("pip install", "docs"),
