@@ -41,6 +41,9 @@ def _allowed_stand_in(ctx: StepContext, seq: Sequence) -> int:
 
 class DefaultPolicy:
     name = "defaults"
+    options_internal = True
+    """Its constructor's `sampler_class` comes from the executor, not from a user: `metroline
+    plugins` lists no options for it."""
 
     def __init__(self, sampler_class: Any = None) -> None:
         self._sampler: Any = None
