@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import tempfile
 from typing import Any
 
 from ..config import EngineConfig
@@ -65,32 +66,34 @@ def check_sampler(name: str, setup: Any, seed: int, coverage: dict[str, HookCove
     if not torch_available():
         return None
 
-    from ...executors.torch import TorchExecutor
+    from ...executors.registry import make_executor  # by name: the core never imports torch's executor
     from ..step.engine import Engine
 
-    model = tiny_model(seed)
     label = f"{name} on the torch executor (tiny random Llama, vocab {VOCAB})"
     outputs = []
-    for attempt in range(2):
-        config, extra = setup()
-        config = EngineConfig.model_validate({**config.model_dump(), "num_blocks": 64, "max_model_len": 256,
-                                              "max_num_batched_tokens": 256})
-        engine = Engine(config, TorchExecutor(model), plugins=extra)
-        if attempt == 0:
-            watch(engine, name, coverage)
-        try:
-            done = engine.generate(sample_requests(seed))
-        except Exception as exc:
-            failures.append(f"{label}: {type(exc).__name__}: {exc}")
-            return None
-        tokens = {}
-        for rid, seqs in done.items():
-            for s in seqs:
-                if s.finish_reason is not FinishReason.LENGTH or s.num_output_tokens != MAX_NEW_TOKENS:
-                    failures.append(f"{label}: request {rid} ended {s.finish_reason} after "
-                                    f"{s.num_output_tokens} of {MAX_NEW_TOKENS} tokens ({s.error})")
-                tokens[rid] = s.output_token_ids
-        outputs.append(tokens)
+    with tempfile.TemporaryDirectory(prefix="metroline-check-plugin-") as folder:
+        tiny_model(seed).save_pretrained(folder)
+        for attempt in range(2):
+            config, extra = setup()
+            config = EngineConfig.model_validate({**config.model_dump(), "num_blocks": 64, "max_model_len": 256,
+                                                  "max_num_batched_tokens": 256})
+            executor = make_executor("torch", model=folder, dtype="float32", device="cpu")
+            engine = Engine(config, executor, plugins=extra)
+            if attempt == 0:
+                watch(engine, name, coverage)
+            try:
+                done = engine.generate(sample_requests(seed))
+            except Exception as exc:
+                failures.append(f"{label}: {type(exc).__name__}: {exc}")
+                return None
+            tokens = {}
+            for rid, seqs in done.items():
+                for s in seqs:
+                    if s.finish_reason is not FinishReason.LENGTH or s.num_output_tokens != MAX_NEW_TOKENS:
+                        failures.append(f"{label}: request {rid} ended {s.finish_reason} after "
+                                        f"{s.num_output_tokens} of {MAX_NEW_TOKENS} tokens ({s.error})")
+                    tokens[rid] = s.output_token_ids
+            outputs.append(tokens)
     if outputs[0] != outputs[1]:
         failures.append(f"{label}: two runs with seed {seed} gave different tokens")
     return {"workload": "torch-tiny", "mode": "sample", "requests": NUM_REQUESTS,
