@@ -7,9 +7,9 @@ In a test of the plugin's package::
     def test_my_plugin_conforms():
         check_plugin("mypkg.quota:TenantQuota", options={"default_max_running": 4})
 
-`check_plugin` runs the plugin (as the base policy when it answers `admission` itself, else stacked
-on `base`) on small built-in workloads with a KV pool small enough to force preemption, in each
-preemption mode, and checks at every step and after the drain:
+`check_plugin` runs the plugin, stacked on `base` (default fcfs: "the stack without the plugin"),
+on small built-in workloads with a KV pool small enough to force preemption, in each preemption
+mode, and checks at every step and after the drain:
 
 - the step's tokens never exceed `max_num_batched_tokens`, running sequences never exceed
   `max_num_seqs`, every scheduled sequence is running and its tokens are within its known tokens;
@@ -36,14 +36,29 @@ workloads have the tenants alpha, beta, gamma and burst, so a plugin keyed on te
 goes to tenant i mod len; a {name: share} mapping: a seeded draw by share); `workload=` adds your
 own workload (a `Workload`, a `SyntheticSpec` or its dict, a built-in name or a file path) to the
 suite's, with its own tenants. The report's `coverage` says, for each hook your plugin implements,
-how many times it was called and how many times its answer changed the answer without it (see
-`metroline.core.conformance.hook_coverage`); a hook that was never called, or never changed an answer, is a
-warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
+how many times it was called and how many of its answers differ from what the stack without it
+(`base`) answers to the same question (see `metroline.core.conformance.hook_coverage`); and
+`without`, for a plugin with a scheduling hook, how many requests ran differently when each
+workload is run again without the plugin. A hook that was never called or never changed an
+answer, and a plugin with which no request ran differently, are warnings in `report.warnings`,
+and a `ConformanceError` with `strict=True`.
+
+Every kind of hook is run where it matters:
+
+- a `route` plugin routes the suite's workloads for a simulated cluster (`cluster=`: 3 replicas
+  by default, or your pools, named as your cluster declares them), with its options; after a
+  third of the requests one replica goes down, and an answer naming it (or an index outside the
+  replicas the router was shown) is a failure. Answers are compared with `round_robin`'s;
+- a `sample` plugin also runs the torch executor on a tiny random Llama (when torch and
+  transformers are installed) with greedy and seeded sampled requests: a sampler must answer one
+  token per sequence, never one a wrapper banned (`ctx.ban_tokens`), and two runs must agree.
+  Its answers are compared with the samplers' below it without its masks.
 
 The report also lists the plugin's uses of deprecated names (`report.deprecations`): a hook or
-hook argument under its old name, found when the plugin is registered, and a deprecated
-attribute (`ctx.hooks`) read during the runs. They still work, until the version each line names
-(see `metroline.core.plugins.deprecations`).
+hook argument under its old name, found when the plugin is registered, a deprecated attribute
+(`ctx.hooks`) read during the runs, and every import of a moved module path in the plugin's
+source, with its line. They still work, until the version each line names (see
+`metroline.core.plugins.deprecations`); with `strict=True` each is a failure.
 """
 
 from __future__ import annotations
@@ -55,18 +70,16 @@ from pathlib import Path
 from typing import Any
 
 from .core.config import EngineConfig
-from .core.conformance.checks import (
-    PER_STEP_LIMITS,
-    check_calls,
-    check_drained,
-    fingerprint,
-    run_once,
-)
+from .core.cluster.spec import ClusterSpec, cluster_spec
+from .core.conformance.deprecated_imports import deprecated_imports
 from .core.conformance.hook_coverage import HookCoverage
+from .core.conformance.routing import check_router
+from .core.conformance.runs import compare_without, run_all
+from .core.conformance.sampling import check_sampler
 from .core.conformance.workloads import conformance_config, conformance_workloads, own_workload, with_tenants
 from .core.plugins import deprecations
 from .core.plugins.loader import instantiate
-from .core.plugins.manager import SHIPPED, resolve
+from .core.plugins.manager import HOOK_NAMES, SHIPPED, resolve
 from .core.workloads.build import SyntheticSpec, Workload
 
 
@@ -78,29 +91,39 @@ class ConformanceError(AssertionError):
 class ConformanceReport:
     """What `check_plugin` ran and how it exercised the plugin.
 
-    `runs`: one dict per run (workload, preemption mode, requests, steps, preemptions).
-    `tenants`: the tenants the runs' requests had. `coverage`: hook name -> `HookCoverage` (calls
-    and changed answers, summed over the runs) for every hook the plugin implements. `warnings`:
-    one line per hook that was never called or never changed an answer. `deprecations`: one line
-    per deprecated name the plugin used (it works until the version the line names).
+    `runs`: one dict per run (workload, mode: a preemption mode, `cluster` for a router's runs,
+    `sample` for the torch executor's; requests, steps, preemptions). `tenants`: the tenants the
+    runs' requests had. `coverage`: hook name -> `HookCoverage` (calls and changed answers, summed
+    over the runs) for every hook the plugin implements. `without`: per workload, how many
+    requests ran differently on the stack without the plugin. `warnings`: one line per hook that
+    was never called or never changed an answer, or a plugin that changed no request's run.
+    `deprecations`: one line per deprecated name or module path the plugin used (it works until
+    the version the line names).
     """
 
     plugin: str
     runs: list[dict[str, Any]] = field(default_factory=list)
     tenants: list[str] = field(default_factory=list)
     coverage: dict[str, HookCoverage] = field(default_factory=dict)
+    without: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     deprecations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"conformance of {self.plugin}: {len(self.runs)} runs passed (tenants: {', '.join(self.tenants)})"]
         for r in self.runs:
-            lines.append(
-                f"  {r['workload']:<12} {r['mode']:<9} requests={r['requests']} steps={r['steps']} "
-                f"preemptions={r['preemptions']}"
-            )
+            extra = ""
+            if "replicas" in r:
+                extra = f" routed={r['replicas']} (down after a third: {r['down']})"
+            lines.append(f"  {r['workload']:<12} {r['mode']:<9} requests={r['requests']} steps={r['steps']} "
+                         f"preemptions={r['preemptions']}{extra}")
+        for w in self.without:
+            lines.append(f"  {w['workload']:<12} {w['mode']:<9} {w['differ']} of {w['requests']} requests ran "
+                         f"differently without the plugin (on {w['stack']})")
         lines.append("hooks of the plugin:")
         lines.extend(f"  {cov}" for _, cov in sorted(self.coverage.items()))
+        lines.extend(f"note: {n}" for n in self.notes)
         lines.extend(f"warning: {w}" for w in self.warnings)
         lines.extend(f"deprecated: {d}" for d in self.deprecations)
         return "\n".join(lines)
@@ -112,6 +135,16 @@ def _is_base_policy(target: Any) -> bool:
         return False
     opts = getattr(fn, "metroline_impl", None)
     return opts is not None and not (opts.get("wrapper") or opts.get("hookwrapper"))
+
+
+def implemented_hooks(target: Any) -> set[str]:
+    """The hooks `target` (a plugin class or object) implements."""
+    return {h for h in HOOK_NAMES if getattr(getattr(target, h, None), "metroline_impl", None) is not None}
+
+
+SCHEDULE_HOOKS = frozenset({"admission", "select_victim", "split_budget", "order_running", "estimate_output_tokens",
+                            "check_request"})
+"""Hooks whose answers change which request runs when: a plugin with one changes some run."""
 
 
 def check_plugin(
@@ -126,16 +159,21 @@ def check_plugin(
     tenants: Iterable[str] | Mapping[str, float] | None = None,
     workload: Workload | SyntheticSpec | Mapping[str, Any] | str | Path | None = None,
     strict: bool = False,
+    cluster: int | Mapping[str, Any] | None = None,
 ) -> ConformanceReport:
     """Run the conformance checks on `plugin` (a spec string, a plugin class or an instance).
 
-    `options`: the plugin's options. `base`: the policy a non-policy plugin is stacked on.
+    `options`: the plugin's options. `base`: the policy the plugin is stacked on (the stack
+    without the plugin, which its answers and runs are compared with).
     `workloads`: replaces the suite's built-in workloads. `tenants`: your tenant names (or
     {name: share}), given to the requests of the suite's workloads (`with_tenants`). `workload`:
     your own workload, run after the suite's, with its own tenants (`own_workload`). `config`:
-    `EngineConfig` overrides for the runs. `strict`: a hook of the plugin that was never called
-    or never changed an answer is a failure, not only a warning in the report.
-    Raises `ConformanceError` on any failure.
+    `EngineConfig` overrides for the runs. `cluster` (a router): the cluster it routes for, as
+    you declare it: a number of replicas (`r0`, `r1`, ...), or a `[cluster]` table's dict
+    (`{"pools": {"short": {"replicas": 2}, "long": {"replicas": 1}}}`: `short-0`, ...); default 3
+    replicas. `strict`: a hook of the plugin that was never called or never changed an answer, a
+    plugin that changed no request's run, and a deprecated name or module path it uses are
+    failures, not only lines of the report. Raises `ConformanceError` on any failure.
     """
     options = dict(options or {})
     if isinstance(plugin, str):
@@ -145,17 +183,22 @@ def check_plugin(
         spec = getattr(plugin, "name", None) or getattr(plugin, "__name__", None) or type(plugin).__name__
     name = getattr(target, "name", None) or spec
     is_policy = _is_base_policy(target)
+    hooks = implemented_hooks(target)
 
-    def setup(mode: str) -> tuple[EngineConfig, list[Any]]:
+    def setup(mode: str, with_plugin: bool = True) -> tuple[EngineConfig, list[Any]]:
         fields = dict(config or {}, preemption_mode=mode, seed=seed)
+        if not with_plugin:
+            return conformance_config(policy=base, **fields), []
         if isinstance(plugin, str):
             fields["plugin_options"] = {name: options}
-            if is_policy:
+            if is_policy and spec == base:
                 return conformance_config(policy=spec, **fields), []
             return conformance_config(policy=base, plugins=[spec], **fields), []
         fields["policy"] = base
-        obj = instantiate(spec, target, options)[1] if inspect.isclass(target) else target
-        return conformance_config(**fields), [obj]
+        return conformance_config(**fields), [make_plugin()]
+
+    def make_plugin() -> Any:
+        return instantiate(spec, target, options)[1] if inspect.isclass(target) else target
 
     report = ConformanceReport(name)
     failures: list[str] = []
@@ -165,48 +208,40 @@ def check_plugin(
     if workload is not None:
         workload_list.append(own_workload(workload))
     report.tenants = sorted({it.tenant for w in workload_list for it in w.items})
+    modes = tuple(modes)
     with deprecations.recording() as uses:
-        _run_all(report, workload_list, modes, name, setup, seed, failures)
-    report.deprecations = _deprecated_uses(uses, name)
+        if hooks - {"route"} or not hooks:
+            fingerprints = run_all(report, workload_list, modes, name, setup, seed, failures)
+            if hooks & SCHEDULE_HOOKS and not (is_policy and spec == base):
+                compare_without(report, workload_list, modes[0], setup, fingerprints, base, failures)
+        if "route" in hooks:
+            report.runs += check_router(name, make_plugin, _cluster_of(cluster, spec, options), setup(modes[0], False)[0],
+                                        workload_list, report.coverage, failures)
+        if "sample" in hooks:
+            run = check_sampler(name, lambda: setup(modes[0]), seed, report.coverage, failures)
+            if run is None:
+                report.notes.append("sample: not run on real logits (torch and transformers are not installed)")
+            else:
+                report.runs.append(run)
+    report.deprecations = _deprecated_uses(uses, name) + deprecated_imports(target)
     report.warnings = _coverage_warnings(report, tenants is None and workload is None)
+    if report.without and not any(w["differ"] for w in report.without):
+        report.warnings.append(f"{name}: no request ran differently without the plugin, on any workload")
     if strict:
         failures.extend(f"{w} (strict)" for w in report.warnings)
+        failures.extend(f"deprecated: {d} (strict)" for d in report.deprecations)
     if failures:
-        failures.extend(f"(not a failure) deprecated: {d}" for d in report.deprecations)
+        if not strict:
+            failures.extend(f"(not a failure) deprecated: {d}" for d in report.deprecations)
         raise ConformanceError(f"{name} broke the plugin contract:\n  " + "\n  ".join(failures))
     return report
 
 
-def _run_all(
-    report: ConformanceReport, workload_list: list[Workload], modes: Iterable[str], name: str, setup: Any,
-    seed: int, failures: list[str],
-) -> None:
-    """Each workload in each mode (the first workload twice: the results must be identical)."""
-    modes = tuple(modes)
-    for wi, wl in enumerate(workload_list):
-        for mode in modes:
-            label = f"{name} on {wl.name} ({mode})"
-            cfg, extra = setup(mode)
-            try:
-                doc, engine, calls = run_once(wl, cfg, extra, failures, report.coverage)
-            except Exception as exc:  # a PluginError, a stuck engine, a crash: all are failures
-                failures.append(f"{label}: {type(exc).__name__}: {exc}")
-                continue
-            check_drained(engine, label, failures)
-            check_calls(calls, cfg, label, failures)
-            if wi == 0:
-                cfg2, extra2 = setup(mode)
-                try:
-                    _, again, _ = run_once(wl, cfg2, extra2, [])
-                    if fingerprint(again) != fingerprint(engine):
-                        failures.append(f"{label}: two runs with seed {seed} gave different results")
-                except Exception as exc:
-                    failures.append(f"{label}: second run: {type(exc).__name__}: {exc}")
-            s = doc["summary"]
-            report.runs.append({
-                "workload": wl.name, "mode": mode, "requests": s["requests"], "steps": s["steps"],
-                "preemptions": s["preemptions"],
-            })
+def _cluster_of(cluster: int | Mapping[str, Any] | None, spec: str, options: dict[str, Any]) -> ClusterSpec:
+    """The cluster a router is checked on (see `check_plugin`'s `cluster`)."""
+    if cluster is None or isinstance(cluster, int):
+        return cluster_spec(None, replicas=cluster or 3, router=spec, router_options=options)
+    return cluster_spec({**cluster, "router": spec, "router_options": options}, source="cluster")
 
 
 def _deprecated_uses(uses: list[deprecations.Use], name: str) -> list[str]:

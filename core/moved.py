@@ -118,9 +118,28 @@ class _OldPathFinder(importlib.abc.MetaPathFinder):
         new = OLD_PATHS.get(fullname[len("metroline.core."):])
         if new is None:
             return None
-        _warn(fullname, f"metroline.{new}", stacklevel=3)
+        _warn(fullname, f"metroline.{new}", stacklevel=_importer_level())
         module = importlib.import_module(f"metroline.{new}")
         return importlib.util.spec_from_loader(fullname, _Alias(module))
+
+
+def _importer_level() -> int:
+    """The `stacklevel`, counted from `find_spec` (1), of the code that imports the old path: the
+    first frame above it outside importlib, so that the warning names the plugin's own import
+    line, not `importlib/__init__.py` (an entry point's `import_module`). `warnings` itself does
+    not count importlib's frozen `_bootstrap` frames, so neither does this."""
+    frame, level = sys._getframe(2), 2  # 1 is find_spec, 2 its caller
+    while frame is not None:
+        name = frame.f_code.co_filename
+        bootstrap = "importlib" in name and "_bootstrap" in name
+        if not bootstrap and not name.startswith(_IMPORTLIB_DIR):
+            break
+        level += not bootstrap
+        frame = frame.f_back
+    return level
+
+
+_IMPORTLIB_DIR = importlib.__file__.rsplit("__init__.py", 1)[0]
 
 
 def install() -> None:

@@ -31,7 +31,7 @@ class Executor(Protocol):
 
     A real model adds (the engine uses each when present, see `RealExecutor`): `bind(config)`,
     `close()`, `eos_token_id`, `vocab_size`, `max_model_len`, `tokenizer`, `sampler_class`,
-    `plugins()`, `kv_bytes_per_token` and `suggest_num_blocks(block_size)`.
+    `sample_mode`, `plugins()`, `kv_bytes_per_token` and `suggest_num_blocks(block_size)`.
     """
 
     name: str
@@ -60,6 +60,8 @@ class RealExecutor(Executor, Protocol):
       subclass of `metroline.core.requests.sampling.Sampler`; the torch executor's `TorchSampler`
       samples logits tensors). Without one, rows of floats are sampled by `Sampler`, and tensors,
       with a deprecation warning, by `TorchSampler`.
+    - `sample_mode` (optional): a context manager factory the engine calls the `sample` hook in
+      (the torch executor's `torch.inference_mode`, so its logits may be masked in place).
     - `plugins()` (optional): plugin objects the executor brings, which the engine stacks below
       the ones it is given (the torch executor's `structured_output`, which holds requests'
       outputs to a JSON schema on its logits).

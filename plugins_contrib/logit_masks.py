@@ -1,6 +1,7 @@
 """Token masks on logits: a batch of grammar bitmasks (one bit per vocabulary token, packed in
-int32 words, as llguidance fills them) turned into -inf on the forbidden logits, in place, with
-one bias for the whole batch (`mask_rows`); `structured_output`'s `sample` wrapper applies it."""
+int32 words, as llguidance fills them) turned into a bias of -inf on the forbidden logits, one
+bias for the whole batch (`bias_of`), which `structured_output`'s `sample` wrapper registers on the
+hook context (`ctx.add_logits_bias`)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,14 @@ NEG_INF_BITS = -8388608
 """0xFF800000 as an int32: the bits of float32 -inf (0 is the bits of 0.0)."""
 
 
-def mask_rows(logits: Any, rows: list[int], bitmask: Any) -> None:
-    """Add -inf, in place, to every logit of row `rows[j]` whose bit in `bitmask[j]` is 0, and 0
-    to the others: one bias for the whole batch, added in one operation."""
-    import torch
-
-    n, vocab = len(rows), logits.shape[1]
-    with torch.inference_mode():  # the executor's logits are inference tensors
-        bias = bias_cpu(bitmask, vocab) if logits.device.type == "cpu" else bias_on(bitmask, vocab, logits.device)
-        if bias.dtype != logits.dtype:
-            bias = bias.to(logits.dtype)
-        if n == logits.shape[0]:
-            logits.add_(bias)
-        else:
-            logits.index_add_(0, torch.tensor(rows, dtype=torch.long, device=logits.device), bias)
+def bias_of(bitmask: Any, logits: Any) -> Any:
+    """The bias of `bitmask` for `logits` (`[rows, vocab]`, on the logits' device and dtype): -inf
+    where a bit is 0, 0 where it is 1. The `sample` wrapper registers it with
+    `ctx.add_logits_bias`, and the engine adds it to those rows in one batched operation, without
+    touching the executor's tensor."""
+    vocab = logits.shape[1]
+    bias = bias_cpu(bitmask, vocab) if logits.device.type == "cpu" else bias_on(bitmask, vocab, logits.device)
+    return bias if bias.dtype == logits.dtype else bias.to(logits.dtype)
 
 
 def bias_cpu(bitmask: Any, vocab: int) -> Any:

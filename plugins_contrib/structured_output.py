@@ -15,10 +15,12 @@ matcher):
    request preempted and recomputed, or a token a wrapper above changed, never advances it twice
    or out of step);
 2. every matcher writes its allowed tokens into one bitmask tensor (llguidance fills the rows in
-   parallel, outside the interpreter lock); the rows of those sequences are masked in place in one
-   batched operation (forbidden tokens get -inf; EOS is allowed only where the grammar is
-   complete, and is then the only token allowed once nothing else can follow);
-3. the samplers below choose (temperature, top-p, penalties, seeds apply to the masked rows);
+   parallel, outside the interpreter lock), turned into one bias that the wrapper registers with
+   `ctx.add_logits_bias` (forbidden tokens get -inf; EOS is allowed only where the grammar is
+   complete, and is then the only token allowed once nothing else can follow): the engine adds it
+   to those rows in one batched operation, on a copy of the logits;
+3. the samplers below choose from `ctx.adjusted_logits(logits)` (temperature, top-p, penalties,
+   seeds apply to the masked rows);
 4. a chosen token the mask forbids (a `min_tokens` that bans the EOS a complete grammar needs, a
    sampler below that ignored the mask) fails that request (`ctx.fail`) with the reason, as does a
    matcher in an error state; the other requests go on.
@@ -43,7 +45,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..api import Sequence, StepContext, hookimpl
-from .logit_masks import mask_rows
+from .logit_masks import bias_of
 
 GRAMMAR_CACHE_SIZE = 256
 """Compiled grammars kept (least recently used dropped first); one per distinct schema."""
@@ -201,7 +203,7 @@ class StructuredOutputSampler:
                 if m.matcher.is_error():  # the mask's computation ran out of its limits
                     m.error = f"the grammar failed: {_one_line(m.matcher.get_error())}"
                     ctx.fail(seqs[i], f"structured_output: {m.error}")
-            mask_rows(logits, live, bitmask)
+            ctx.add_logits_bias(live, bias_of(bitmask, logits))
         tokens = yield
         if bitmask is None or not isinstance(tokens, list) or len(tokens) != len(seqs):
             return tokens  # the engine reports a malformed answer

@@ -21,6 +21,7 @@ from metroline.core.plugins import deprecations
 from metroline.core.plugins.candidates import Candidates
 from metroline.core.plugins.deprecations import Deprecation, MetrolineDeprecationWarning
 from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.victims import last_admitted_victim
 from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate
 from metroline.testing import ConformanceError, check_plugin, conformance_workloads, with_tenants
 
@@ -107,15 +108,19 @@ def test_a_hook_the_runs_never_call_is_reported():
     assert any("hook estimate_output_tokens never called" in w for w in report.warnings)
     report = check_plugin("metroline.policies.length_estimators:LengthMean", base="srpt",
                           workloads=chat_only(), modes=("recompute",))
-    assert report.coverage["estimate_output_tokens"].calls > 0 and report.warnings == []
+    assert report.coverage["estimate_output_tokens"].calls > 0
+    # its estimates differ from the defaults' (None), but one mean for every request leaves srpt's
+    # order as it was: no request ran differently, which the report says
+    assert report.warnings == ["length_mean: no request ran differently without the plugin, on any workload"]
+    assert [(w["workload"], w["differ"], w["stack"]) for w in report.without] == [("chat", 0, "srpt")]
 
 
 # --- the counts are the plugin's own ---------------------------------------------------------------
 
 
 class Tally:
-    """Counts its own calls and its non-None answers (select_victim answers for even-numbered
-    steps only); each instance adds a Counter to `tallies`."""
+    """Counts its own calls, its non-None answers (select_victim answers for even-numbered
+    steps only) and those that differ from the defaults'; each instance adds a Counter to `tallies`."""
 
     name = "tally"
 
@@ -129,6 +134,8 @@ class Tally:
         if ctx.step % 2 or requester.state.name != "RUNNING":
             return None
         self.calls["select_victim answered"] += 1
+        # a change only where the stack below (fcfs on the defaults) would name another victim
+        self.calls["select_victim changed"] += last_admitted_victim(ctx, requester) is not requester
         return requester
 
     @hookimpl
@@ -157,7 +164,8 @@ def test_coverage_counts_the_plugins_own_calls_and_answers():
     assert checked == rerun
     cov = report.coverage
     assert (cov["select_victim"].calls, cov["select_victim"].changed) == (
-        checked["select_victim"], checked["select_victim answered"])
+        checked["select_victim"], checked["select_victim changed"])
+    assert 0 < checked["select_victim changed"] < checked["select_victim answered"]
     for observer in ("on_preempted", "on_tokens"):  # an observer's changes are not counted, wrapper or not
         assert (cov[observer].calls, cov[observer].changed) == (checked[observer], None)
     # a wrapper changes the answer when it returns another order than the one it got

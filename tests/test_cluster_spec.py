@@ -176,3 +176,28 @@ def test_sweep_refuses_a_cluster_table_instead_of_ignoring_it(tmp_path, capsys):
     config.write_text("[cluster]\nreplicas = 2\n")
     assert cli.main(["sweep", "--config", str(config), "--rates", "1", "--slo", "ttft=1", "--max-requests", "10"]) == 2
     assert "cluster: sweep runs one engine per rate" in capsys.readouterr().err
+
+
+def test_the_default_pool_is_named_r_i_however_it_is_declared():
+    from metroline.core.cluster.spec import cluster_spec
+    from metroline.core.config import EngineConfig
+
+    flags = cluster_spec(None, replicas=3).plan(EngineConfig())
+    table = cluster_spec({"pools": {"default": {"replicas": 2}, "long": {"replicas": 1}}}).plan(EngineConfig())
+    assert [p.name for p in flags] == ["r0", "r1", "r2"]
+    assert [p.name for p in table] == ["r0", "r1", "long-0"]
+
+
+def test_router_option_values_are_json_and_replica_names_are_checked():
+    from metroline.core.cluster.spec import cluster_spec, parse_router_options
+    from metroline.core.config import ConfigError, EngineConfig
+
+    assert parse_router_options(["threshold=2048", "long_pool=long", 'tenant_replicas={"a": "r0"}', "strict=true",
+                                 "weights=[1, 2.5]"]) == {
+        "threshold": 2048, "long_pool": "long", "tenant_replicas": {"a": "r0"}, "strict": True, "weights": [1, 2.5]}
+    ok = cluster_spec(None, replicas=2, router_options={"tenant_replicas": {"a": "r1"}, "fallback_replica": "r0"})
+    assert [p.name for p in ok.plan(EngineConfig())] == ["r0", "r1"]
+    bad = cluster_spec(None, pools={"short": 2}, router_options={"tenant_replicas": {"a": ["short-1", "r0"]}})
+    with pytest.raises(ConfigError, match=r"router_options\.tenant_replicas\.a\[1\]: no replica named 'r0' "
+                                          r"\(replicas: short-0, short-1\)"):
+        bad.plan(EngineConfig())

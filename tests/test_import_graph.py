@@ -8,6 +8,7 @@ modules still give the same objects, warning once."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import warnings
@@ -174,6 +175,25 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("load", ["import old_plugin", "import importlib; importlib.import_module('old_plugin')"])
+def test_an_old_import_path_warns_at_the_importing_line_with_the_installed_version(tmp_path, load):
+    (tmp_path / "old_plugin.py").write_text("import os\nfrom metroline.core.candidates import Candidates\n")
+    code = """
+import warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    LOAD
+[w] = [w for w in caught if "moved to" in str(w.message)]
+print(w.filename.rsplit("/", 1)[-1], w.lineno, str(w.message))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT.parent)])}
+    out = subprocess.run([sys.executable, "-c", code.replace("LOAD", load)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    import metroline
+
+    assert out.stdout.startswith("old_plugin.py 2 metroline.core.candidates moved to"), out.stderr[-2000:]
+    assert f"(installed: metroline {metroline.__version__})" in out.stdout
 
 
 def test_old_module_that_is_now_a_package_answers_its_names():

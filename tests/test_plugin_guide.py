@@ -76,7 +76,7 @@ def shell(guide: Path, line: str, timeout: int = 300) -> str:
     venv's scripts first on PATH and acme-tenants installed; returns its stdout."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(guide / "site"), str(guide / "acme-tenants" / "src")])
+    env["PYTHONPATH"] = os.pathsep.join([str(guide / "site"), str(guide / "acme-tenants" / "src"), str(ROOT.parent)])
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run(["bash", "-c", line], cwd=guide, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
@@ -445,12 +445,32 @@ def test_the_reference_build_command_is_the_one_ci_runs():
     assert {r.split(">")[0] for r in extras["docs"]} <= {r.split(">")[0] for r in extras["test"]}
 
 
+def test_the_tenant_affinity_router_passes_check_plugin_strict_on_its_cluster(guide):
+    out = shell(guide, command("tenant_affinity:TenantAffinity"))
+    assert re.search(r"chat +cluster .*routed=\{'r0': \d+, 'r1': \d+, 'r2': \d+\} \(down after a third: r1\)", out), out
+    assert re.search(r"route: called \d+ times, changed the answer [1-9]\d* times", out), out
+
+
+@pytest.mark.slow  # the suite three times (with and without the plugin): about a minute here
+def test_the_edf_example_passes_its_own_test(guide):
+    out = shell(guide, command("test_edf.py"), timeout=600)
+    assert re.search(r"\b1 passed\b", out)
+
+
+@pytest.mark.slow  # the whole suite, and the torch executor on a tiny model: about a minute here
+def test_the_token_ban_passes_check_plugin_strict_on_real_logits(guide):
+    pytest.importorskip("transformers")
+    out = shell(guide, command("token_ban:TokenBan"))
+    assert re.search(r"torch-tiny +sample", out)
+    assert re.search(r"sample: called \d+ times, changed the answer [1-9]\d* times", out), out
+
+
 SNIPPETS = {
     "python": ["recorder = Recorder()", "BadVictim\")", "suite's tenants\")"],
     "text": ["pyproject.toml", "dictionary changed size", "'on_arrival'"],
 }
 COMMANDS = [
-    ("quiet_batch:QuietBatch",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
+    ("quiet_batch:QuietBatch",), ("token_ban:TokenBan",), ("tenant_affinity:TenantAffinity",), ("test_edf.py",), ("pip install -e ./acme-tenants",), ("plugins", "acme_tenants"),
     ("compare", "acme_tenants"), ("hrrn:HRRN", "compare"), ("las.json",), ("las-roofline.json",), ("lengths:",),
     ("pytest", "acme-tenants/tests"), ("pytest", "test_research_conformance"), ("sphinx-build",),
     ("pip install", "docs"),

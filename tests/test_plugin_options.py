@@ -294,6 +294,12 @@ def test_options_under_both_the_name_and_the_spec_are_an_error(user_module):
 # --- metroline plugins ----------------------------------------------------------------------------
 
 
+def test_metroline_plugins_hides_the_defaults_internal_constructor_argument(capsys):
+    assert cli.main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "defaults " in out and "sampler_class" not in out
+
+
 def test_metroline_plugins_lists_every_option_with_type_default_and_description(tmp_path, capsys):
     config = tmp_path / "srpt.toml"
     config.write_text('policy = "srpt"\n\n[plugin_options.srpt]\nmax_wait_s = 2\n')

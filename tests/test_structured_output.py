@@ -152,11 +152,12 @@ def drained(engine: Engine, plugin: StructuredOutputSampler) -> None:
 
 def test_the_batched_mask_is_the_bitmask_row_by_row():
     """The bias of the CPU path (numpy) and of the accelerator path (torch, run here on the CPU)
-    is -inf exactly where a row's bit is 0, over a vocabulary that is no multiple of 32; the mask
-    is added to the structured rows only, in place."""
+    is -inf exactly where a row's bit is 0, over a vocabulary that is no multiple of 32; registered
+    on the context (`LogitMasks.add_rows`), it is added to the structured rows only, on a copy."""
+    from metroline.core.requests.logit_masks import LogitMasks
     from metroline.plugins_contrib.logit_masks import bias_cpu as _bias_cpu
+    from metroline.plugins_contrib.logit_masks import bias_of as _bias
     from metroline.plugins_contrib.logit_masks import bias_on as _bias_on
-    from metroline.plugins_contrib.logit_masks import mask_rows as _mask_rows
 
     vocab, gen = 70, torch.Generator().manual_seed(0)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 3), dtype=torch.int32, generator=gen)
@@ -167,12 +168,13 @@ def test_the_batched_mask_is_the_bitmask_row_by_row():
     assert torch.equal(_bias_cpu(bitmask, vocab), expected)
     assert torch.equal(_bias_on(bitmask, vocab, torch.device("cpu")), expected)
     logits = torch.randn(5, vocab, generator=gen)
-    masked = logits.clone()
-    _mask_rows(masked, [1, 3, 4], bitmask)
+    original = logits.clone()
+    masks = LogitMasks([None] * 5)  # five rows; add_rows and apply never read the sequences
+    masks.add_rows([1, 3, 4], _bias(bitmask, logits))
+    masked = masks.apply(logits)
+    assert torch.equal(logits, original)  # the executor's tensor is untouched
     assert torch.equal(masked[[0, 2]], logits[[0, 2]])
     assert torch.equal(masked[[1, 3, 4]], logits[[1, 3, 4]] + expected)
-    _mask_rows(masked, [0, 1, 2, 3, 4], torch.cat([bitmask, bitmask[:2]]))
-    assert torch.isinf(masked[0]).sum() == torch.isinf(expected[0]).sum()
 
 
 def test_the_mask_holds_a_random_model_to_yes_or_no():

@@ -254,8 +254,9 @@ def _pooled(engines: list[Engine], extra: MetricsCollector | None = None) -> Sim
         order = sorted(range(len(steps)), key=lambda k: steps[k][TIME_S])
         steps = [steps[k] for k in order]
         running = [running[k] for k in order] if len(running) == len(order) else running
+    deadlines = {k: v for e in engines for k, v in getattr(e.metrics, "deadlines", {}).items()}
     return SimpleNamespace(max_num_seqs=first.max_num_seqs, requests=requests, steps=steps,
-                           running_by_tenant=running)
+                           running_by_tenant=running, deadlines=deadlines)
 
 
 def _records(engine: Engine, arrivals: list[float], measure: MeasurementWindow | None) -> list:

@@ -27,6 +27,8 @@ resolves it against the top-level `EngineConfig` into one `ReplicaPlan` per repl
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -120,10 +122,14 @@ class ClusterSpec(BaseModel):
         return any(p.canary is not None for p in self.pool_specs.values())
 
     def plan(self, config: EngineConfig) -> list[ReplicaPlan]:
-        """One `ReplicaPlan` per replica, in order: each pool's baseline replicas (`<pool>-<i>`,
-        `r<i>` in the default pool) then its canary's (`<pool>-canary-<i>`), each with its own
-        `EngineConfig` (the top-level `config` with the pool's, then the canary's, changes).
-        A bad value is a `ConfigError` naming `cluster.pools.<pool>...` and the field."""
+        """One `ReplicaPlan` per replica, in order: each pool's baseline replicas then its
+        canary's (`<pool>-canary-<i>`), each with its own `EngineConfig` (the top-level `config`
+        with the pool's, then the canary's, changes). The naming rule, however the cluster is
+        declared (`--replicas N`, `--pools`, a `[cluster]` table's `replicas` or `pools`): the
+        replicas of the pool `default` are `r0`, `r1`, ...; those of any other pool `<pool>-0`,
+        `<pool>-1`, .... A bad value is a `ConfigError` naming `cluster.pools.<pool>...` and the
+        field; a router option that names a replica the cluster does not have (`check_replica_names`)
+        is one too."""
         plans: list[ReplicaPlan] = []
         for pool, spec in self.pool_specs.items():
             where = f"cluster.pools.{pool}"
@@ -132,12 +138,13 @@ class ClusterSpec(BaseModel):
             arm = BASELINE if canary is not None else None
             count = spec.replicas - (canary.replicas if canary is not None else 0)
             for i in range(count):
-                name = f"r{i}" if pool == DEFAULT_POOL and not self.pools else f"{pool}-{i}"
+                name = f"r{i}" if pool == DEFAULT_POOL else f"{pool}-{i}"
                 plans.append(ReplicaPlan(len(plans), name, pool, arm, base))
             if canary is not None:
                 other = _engine_config(base, canary, f"{where}.canary")
                 plans += [ReplicaPlan(len(plans), f"{pool}-canary-{i}", pool, CANARY, other)
                           for i in range(canary.replicas)]
+        check_replica_names(self.router_options, [p.name for p in plans])
         return plans
 
     def describe(self) -> dict[str, Any]:
@@ -161,6 +168,28 @@ class ReplicaPlan:
 
     def __repr__(self) -> str:
         return f"ReplicaPlan({self.name!r}, pool={self.pool!r}, arm={self.arm!r}, policy={self.policy!r})"
+
+
+def check_replica_names(options: dict[str, Any], names: list[str]) -> None:
+    """Refuse a router option that names a replica the cluster does not have. By convention an
+    option whose name ends in `replica` or `replicas` (`replica`, `fallback_replica`,
+    `tenant_replicas`) holds replica names: a name, a list of names, or a table whose values are
+    names or lists of names. A `ConfigError` names the option and lists the replicas."""
+    known = set(names)
+    for key, value in options.items():
+        if not (key.endswith("replica") or key.endswith("replicas")):
+            continue
+        for where, name in _named(f"router_options.{key}", value):
+            if name not in known:
+                raise ConfigError(f"cluster: {where}: no replica named {name!r} (replicas: {', '.join(names)})")
+
+
+def _named(where: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [pair for k, v in value.items() for pair in _named(f"{where}.{k}", v)]
+    if isinstance(value, (list, tuple)):
+        return [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    return [(where, value)]
 
 
 def config_changes(baseline: EngineConfig, canary: EngineConfig) -> dict[str, list[Any]]:
@@ -228,25 +257,23 @@ def parse_pools(text: str | None) -> dict[str, int] | None:
 
 
 def parse_router_options(items: list[str] | None) -> dict[str, Any]:
-    """`--router-option` values `["threshold=2048", "seed=1"]` -> {"threshold": 2048, "seed": 1}:
-    ints and floats parsed."""
+    """`--router-option` values `["threshold=2048", "long_pool=long", 'tenant_replicas={"a": "r0"}']`
+    -> {"threshold": 2048, "long_pool": "long", "tenant_replicas": {"a": "r0"}}: each value is read
+    as JSON (numbers, true/false, lists, objects), and kept as a string when it is not JSON."""
     options: dict[str, Any] = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--router-option: expected KEY=VALUE, got {item!r}")
-        parsed: Any = value
-        for kind in (int, float):
-            try:
-                parsed = kind(value)
-                break
-            except ValueError:
-                continue
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
         options[key.strip()] = parsed
     return options
 
 
 __all__ = [
     "BASELINE", "CANARY", "DEFAULT_POOL", "DEFAULT_ROUTER", "CanarySpec", "ClusterSpec", "PoolSpec", "ReplicaPlan",
-    "cluster_spec", "config_changes", "parse_pools", "parse_router_options",
+    "check_replica_names", "cluster_spec", "config_changes", "parse_pools", "parse_router_options",
 ]

@@ -136,7 +136,10 @@ class ReplicaView:
     def of(index: int, *, name: str | None = None, pool: str = "default", policy: str = "fcfs",
            waiting: int = 0, running: int = 0, kv_used: int = 0, kv_free: int = 0,
            outstanding: dict[str, int] | None = None, prefix_hit: int = 0) -> ReplicaView:
-        """A view of a replica that is not there: fixed numbers (tests, benches, notebooks)."""
+        """A view of a replica that is not there: fixed numbers (tests, benches, notebooks).
+        `outstanding` is request id -> tokens (prompt + `max_new_tokens`) of the requests routed
+        there that have not ended (`outstanding_requests` is its length, `outstanding_tokens` its
+        sum); `prefix_hit` is what `prefix_hit(request)` answers for any request."""
         return _FixedView(index, name or f"r{index}", pool, policy, waiting, running, kv_used, kv_free,
                           Outstanding(outstanding or {}), prefix_hit)
 

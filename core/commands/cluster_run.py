@@ -34,6 +34,11 @@ def run_cluster_command(args: argparse.Namespace, config: Any, run: dict[str, An
         engine.close()
     report.print_summary_table(doc)
     print(format_cluster(doc), end="")
+    from ..results.deadlines import deadline_line
+
+    line = deadline_line(doc.get("deadlines"))
+    if line is not None:
+        print(line)
     if manifest is not None:
         doc["manifest"] = manifest
     if args.json:

@@ -51,7 +51,7 @@ def option_lines(plugin: Any) -> list[str]:
     model = options_model(plugin)
     if model is None:
         cls = plugin if inspect.isclass(plugin) else type(plugin)
-        if inspect.ismodule(plugin) or cls.__init__ is object.__init__:
+        if inspect.ismodule(plugin) or cls.__init__ is object.__init__ or getattr(cls, "options_internal", False):
             return []
         params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name != "self"]
         if not params:

@@ -44,6 +44,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             writer.close()
     engine.close()
     report.print_summary_table(doc)
+    from ..results.deadlines import deadline_line
+
+    line = deadline_line(doc.get("deadlines"))
+    if line is not None:
+        print(line)
     if manifest is not None:
         doc["manifest"] = manifest
     if args.json:

@@ -4,14 +4,18 @@
 `plugin` in `engine` with a counter that adds to `coverage` (hook name -> `HookCoverage`):
 
 - `calls`: how many times the implementation was called;
-- `changed`: how many of its answers made a difference. For a decision hook (`firstresult`) and
-  `check_request`: an answer that is not None (it is the answer, or the refusal). For a
+- `changed`: how many of its answers made a difference. For a plain implementation of a decision
+  hook (`firstresult`): an answer other than the one the implementations below it give when asked
+  the same question (`shadow.Shadow`; `admission`'s candidates compared as the scheduler pulls
+  them); for `check_request`: a refusal. For a
   `wrapper=True` implementation: an answer other than the one it received from below (neither
   the same object nor equal to it), or an exception turned into an answer or raised in place of
   one. An `admission` wrapper's candidates are compared as the scheduler pulls them: it changed
   the answer when the candidates it let through differ from those it pulled from below (one
   dropped, added or reordered, or its answer ended before the one below did), or when it changed
-  `head_of_line`; a `Candidates.filter` whose test rejects no candidate pulled is no change. For
+  `head_of_line`; a `Candidates.filter` whose test rejects no candidate pulled is no change. A
+  `sample` wrapper's answer is compared with the samplers' tokens without the masks it
+  registered (`ctx.ban_tokens` & co.). For
   an old-style `hookwrapper`: a result it forced. For an observer (`on_*`), whose effect is the
   plugin's own state, it is None: only its calls are counted.
 
@@ -29,6 +33,7 @@ from typing import Any
 from ..plugins.candidates import Candidates, close_candidates
 from ..plugins.hookspecs import OBSERVER_HOOKS
 from ..plugins.manager import HOOK_NAMES
+from .shadow import AdmissionShadow, Shadow, copy_masks
 
 
 @dataclass
@@ -63,17 +68,60 @@ def watch(engine: Any, plugin: str, coverage: dict[str, HookCoverage]) -> None:
     """Count the calls and changed answers of `plugin`'s hook implementations into `coverage`
     (missing entries are created). Call it before `engine.plugins.monitor`, which makes every
     hook call go through the wrapped implementations."""
+    calls: dict[str, dict[str, Any]] = {}  # hook -> the arguments of its call under way
+
+    def before(hook_name: str, impls: Any, kwargs: dict) -> None:
+        calls[hook_name] = kwargs
+
+    engine.plugins.monitor(before, lambda *a: None)
     for hook in HOOK_NAMES:
-        for impl in getattr(engine.plugins.hook, hook).get_hookimpls():
+        impls = getattr(engine.plugins.hook, hook).get_hookimpls()
+        plain = [i for i in impls if not (i.wrapper or i.hookwrapper)]
+        for impl in impls:
             if impl.plugin_name != plugin:
                 continue
             cov = coverage.setdefault(hook, HookCoverage(hook, changed=None if hook in OBSERVER_HOOKS else 0))
+            below = Shadow(engine, hook, plain[: plain.index(impl)] if impl in plain else plain, calls)
             if impl.wrapper:
-                impl.function = _counted_wrapper(impl.function, cov)
+                impl.function = _counted_wrapper(impl.function, cov, below if hook == "sample" else None)
             elif impl.hookwrapper:
                 impl.function = _counted_old_wrapper(impl.function, cov)
+            elif hook in SHADOWED:
+                impl.function = _shadowed(impl.function, cov, below)
             else:
                 impl.function = _counted(impl.function, cov)
+
+
+SHADOWED = frozenset({"admission", "select_victim", "split_budget", "order_running", "sample", "estimate_output_tokens"})
+"""Decision hooks whose plain implementations are compared with the answer of the stack below."""
+
+
+def _shadowed(fn: Callable[..., Any], cov: HookCoverage, below: Shadow) -> Callable[..., Any]:
+    """A plain decision implementation, counted: an answer is a change when the implementations
+    below it, asked the same question, answer otherwise (`shadow.Shadow`)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        cov.calls += 1
+        answer = fn(*args, **kwargs)
+        if answer is None:
+            return answer
+        other = below.answer()
+        if isinstance(answer, Candidates) or cov.hook == "admission":
+            answer = answer if isinstance(answer, Candidates) else Candidates(answer)
+            return AdmissionShadow(other, cov.count_change).wrap(answer)
+        if not _same_answer(answer, other):
+            cov.count_change()
+        return answer
+
+    return call
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+    """Answers compared as the engine uses them: sequences by identity, lists item by item."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(x is y or _same(x, y) for x, y in zip(a, b))
+    return _same(a, b)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -97,14 +145,18 @@ def _counted(fn: Callable[..., Any], cov: HookCoverage) -> Callable[..., Any]:
     return call
 
 
-def _counted_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Callable[..., Generator]:
+def _counted_wrapper(fn: Callable[..., Generator], cov: HookCoverage, samplers: Shadow | None = None
+                     ) -> Callable[..., Generator]:
     """A `wrapper=True` implementation, counted: it drives the wrapped generator itself to see
-    what it received (`yield`) and what it returned."""
+    what it received (`yield`) and what it returned. A `sample` wrapper (`samplers`: the plain
+    samplers) is compared with what they choose without the masks it registered."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Generator:
         cov.calls += 1
         inner = fn(*args, **kwargs)
+        if samplers is not None:
+            masks_before = copy_masks(getattr(samplers.kwargs().get("ctx"), "_masks", None))
         try:
             received = yield next(inner)
         except BaseException as exc:
@@ -116,7 +168,9 @@ def _counted_wrapper(fn: Callable[..., Generator], cov: HookCoverage) -> Callabl
         answer = _finish(inner, inner.send, sent, cov)
         if tap is not None and isinstance(answer, Candidates):
             return tap.answered(answer)  # judged as the scheduler pulls the candidates
-        if not _same(answer, sent):
+        if samplers is not None and masks_before is not None:
+            sent = samplers.sample_without(masks_before)
+        if not _same_answer(answer, sent):
             cov.count_change()
         return answer
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ..config import EngineConfig
 from ..errors import RequestRefused
+from ..results.deadlines import deadline_figures
 from ..results.horizon import MeasurementWindow, measured_summaries
 from ..results.metrics import result_document
 from ..results.progress import ProgressBar
@@ -78,6 +79,9 @@ def result_of(
     )
     if measure is not None and measure.active:
         measured_summaries(doc, engine, [it.arrival_s for it in workload.items], measure, wall_s)
+    deadlines = deadline_figures(engine.metrics.requests, getattr(engine.metrics, "deadlines", {}))
+    if deadlines is not None:
+        doc["deadlines"] = deadlines
     return doc
 
 

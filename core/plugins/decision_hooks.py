@@ -122,12 +122,17 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: in
             `StepPlan.sample_seqs`, then the samples forked in the step (each with a copy of its
             parent's row); `seq.token_ids` holds prompt and output so far.
         logits: one row per sequence: a torch tensor `[len(seqs), vocab_size]` with a real
-            executor (raw model output), None in simulation. Do not modify it in place, with one
-            exception: a wrapper may mask rows before it yields (set the logits of tokens a
-            sequence may not take to -inf), so that the implementations below sample from the
-            masked rows; the logprobs the engine records afterwards are then those of the masked
-            rows. That is how a structured output's grammar constrains its sequence
-            (`plugins_contrib/structured_output.py`).
+            executor (raw model output), None in simulation. To mask or bias it, a wrapper
+            registers the change on the context before it yields: `ctx.ban_tokens(seq, ids)`,
+            `ctx.bias_tokens(seq, {id: bias})`, `ctx.add_logits_bias(rows, bias)`; the
+            implementations below then choose from `ctx.adjusted_logits(logits)` (the default
+            sampler does; in simulation its stand-in tokens skip banned ones), the logprobs the
+            engine records are those of the adjusted rows, and an answer that picks a banned
+            token is a `PluginError`. The same code runs on every executor; that is how a
+            structured output's grammar constrains its sequence
+            (`metroline.plugins_contrib.structured_output`). Modifying `logits` in place still
+            works on the torch executor (the hook runs under its `sample_mode`,
+            `torch.inference_mode`) but not in simulation.
         eos_token_id: the model's end-of-sequence token (None when unknown).
 
     Returns:

@@ -8,7 +8,8 @@ the hooks it cares about.
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
   at `max_prefill_chunk`;
 - `order_running`: admission order;
-- `sample`: stand-in tokens in simulation; otherwise `metroline.core.requests.sampling.Sampler` (greedy,
+- `sample`: stand-in tokens in simulation (skipping tokens a wrapper banned); otherwise, on
+  `ctx.adjusted_logits(logits)`, `metroline.core.requests.sampling.Sampler` (greedy,
   temperature, top-k/top-p/min-p, penalties, seeds; vectorised when the logits are a tensor).
 """
 
@@ -29,8 +30,20 @@ def stand_in_token(seq: Sequence) -> int:
     return 1 + (seq.arrival_no * 7919 + seq.index * 104729 + len(seq.token_ids) * 31) % 30000
 
 
+def _allowed_stand_in(ctx: StepContext, seq: Sequence) -> int:
+    """`stand_in_token(seq)`, or the next token up that no wrapper banned for `seq` this step."""
+    tok = stand_in_token(seq)
+    banned = ctx.banned_tokens(seq)
+    while tok in banned:
+        tok += 1
+    return tok
+
+
 class DefaultPolicy:
     name = "defaults"
+    options_internal = True
+    """Its constructor's `sampler_class` comes from the executor, not from a user: `metroline
+    plugins` lists no options for it."""
 
     def __init__(self, sampler_class: Any = None) -> None:
         self._sampler: Any = None
@@ -56,7 +69,8 @@ class DefaultPolicy:
     @hookimpl(trylast=True)
     def sample(self, ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int]:
         if logits is None:
-            return [stand_in_token(s) for s in seqs]
+            return [_allowed_stand_in(ctx, s) for s in seqs]
+        logits = ctx.adjusted_logits(logits)  # the bans and biases of the wrappers above
         if self._sampler is None:
             from ..requests.sampling import Sampler
 

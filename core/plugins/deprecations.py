@@ -233,6 +233,12 @@ MODULES_REMOVED_IN = "0.3.0"
 _moved_warned: set[str] = set()
 
 
+def _installed_version() -> str:
+    from ... import __version__
+
+    return __version__
+
+
 def warn_moved(old: str, new: str, stacklevel: int = 2) -> None:
     """Warn, once per old path in a process, that module `old` moved to `new` (see
     `core/moved.py`)."""
@@ -241,7 +247,8 @@ def warn_moved(old: str, new: str, stacklevel: int = 2) -> None:
     _moved_warned.add(old)
     warnings.warn(
         f"{old} moved to {new} in metroline {MODULES_MOVED_IN}; the old path will be removed in "
-        f"{MODULES_REMOVED_IN}: import {new} (or the plugin API, metroline.api) instead",
+        f"{MODULES_REMOVED_IN} (installed: metroline {_installed_version()}): import {new} (or the plugin API, "
+        "metroline.api) instead",
         MetrolineDeprecationWarning, stacklevel=stacklevel + 1,
     )
 

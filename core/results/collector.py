@@ -112,12 +112,14 @@ class MetricsCollector:
 
     __slots__ = (
         "max_num_seqs", "requests", "steps", "running_by_tenant", "_append_step", "_append_running",
-        "_counts", "_num_running", "_tenants",
+        "_counts", "_num_running", "_tenants", "deadlines",
     )
 
     def __init__(self, max_num_seqs: int) -> None:
         self.max_num_seqs = max_num_seqs
         self.requests: list[RequestRecord] = []
+        self.deadlines: dict[str, float] = {}
+        """Sequence id -> its deadline, for the finished sequences that had one."""
         self.steps: list[tuple] = []
         self.running_by_tenant: list[dict[str, int]] = []
         self._append_step = self.steps.append
@@ -175,6 +177,8 @@ class MetricsCollector:
 
     def record_finished(self, seq: Sequence) -> None:
         """Record a sequence that has finished, whatever its finish reason. Call once per sequence."""
+        if seq.deadline is not None:  # the `deadlines` metric (core/results/deadlines.py)
+            self.deadlines[seq.seq_id] = seq.deadline
         reason = seq.finish_reason
         self.requests.append(RequestRecord(
             seq.seq_id, seq.tenant, seq.priority, seq.arrival_time, seq.first_scheduled_time,

@@ -38,6 +38,7 @@ PAIRED_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float, str], ...] 
     ("recomputed tokens", ("summary", "recomputed_tokens"), "lower", 1.0, ""),
     ("slot utilisation", ("summary", "slot_utilization"), None, 100.0, "%"),
     ("Jain min", ("fairness", "min_jain"), "higher", 1.0, ""),
+    ("deadlines met", ("deadlines", "attainment"), "higher", 100.0, "%"),
 )
 """Each compared metric: its label, its path in a result document, which way is better ("lower",
 "higher", or None: no verdict, only the difference), and how the table shows it (scale, unit).

@@ -2,7 +2,8 @@
 
 Metroline's own fields ride along in the body (the `openai` client sends them with `extra_body`):
 `priority` (lower is more urgent), `deadline_s` (seconds from now), `expected_output_tokens`
-and `stop_token_ids`; they reach the plugins unchanged on the request's `Sequence`, and so does
+and `stop_token_ids`; they reach the plugins on the request's `Sequence` (`deadline_s` as
+`seq.deadline`, the absolute engine-clock time arrival + `deadline_s`; the others unchanged), and so does
 OpenAI's own `metadata` (string keys and values, numbers and booleans too: `Sequence.metadata`),
 the place for any field a plugin of one's own reads.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..plugins.deprecations import warn_attribute
@@ -11,6 +12,7 @@ from ..plugins.preemption import is_protected
 if TYPE_CHECKING:
     from ...kv_backends.block_pool import BlockPool
     from ..config import EngineConfig
+    from ..requests.logit_masks import LogitMasks
     from ..requests.sequence import Sequence
 
 
@@ -34,10 +36,14 @@ class StepContext:
     - `is_protected(seq)`: whether the core's no-livelock rule protects `seq` (see `select_victim`)
     - `hooks`: deprecated spelling of `hook` (it warns once per plugin; removed in 0.3.0)
 
-    What plugins may ask of it: `wake_at(t)`, and from `sample`, `fail(seq, error)` (see each).
+    What plugins may ask of it: `wake_at(t)`, and from `sample`, `fail(seq, error)`,
+    `ban_tokens(seq, ids)`, `bias_tokens(seq, biases)`, `add_logits_bias(rows, bias)` and
+    `adjusted_logits(logits)` (see each; `metroline.core.requests.logit_masks`).
     """
 
-    __slots__ = ("now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool", "_failures")
+    __slots__ = (
+        "now", "step", "config", "running", "waiting", "swapped", "hook", "wakeup", "_pool", "_failures", "_masks",
+    )
 
     def __init__(
         self,
@@ -58,6 +64,8 @@ class StepContext:
         self.wakeup: float | None = None
         self._failures: list[tuple[Sequence, str]] | None = None
         """The sequences `fail` was asked to end in the `sample` call under way (None outside it)."""
+        self._masks: LogitMasks | None = None
+        """The bans and biases of the `sample` call under way (None outside it)."""
 
     @property
     def hooks(self) -> Any:
@@ -88,6 +96,42 @@ class StepContext:
             raise RuntimeError("StepContext.fail is for sample implementations, during the sample hook")
         if not any(s is seq for s, _ in self._failures):
             self._failures.append((seq, error))
+
+    def _sampling(self, what: str) -> LogitMasks:
+        if self._masks is None:
+            raise RuntimeError(f"StepContext.{what} is for sample implementations, during the sample hook")
+        return self._masks
+
+    def ban_tokens(self, seq: Sequence, token_ids: Iterable[int]) -> None:
+        """From a `sample` wrapper, before it yields: `seq` may not take any of `token_ids` this
+        step. The samplers below choose from `adjusted_logits(logits)`, where those logits are -inf
+        (in simulation the stand-in tokens skip them); an answer that picks one is a `PluginError`.
+        Works the same on every executor; the executor's `logits` are never modified."""
+        self._sampling("ban_tokens").ban(seq, token_ids)
+
+    def bias_tokens(self, seq: Sequence, biases: dict[int, float]) -> None:
+        """From a `sample` wrapper, before it yields: add `biases[token_id]` to `seq`'s logit of each
+        token this step (OpenAI's `logit_bias`; -inf bans the token, as `ban_tokens`)."""
+        self._sampling("bias_tokens").bias(seq, biases)
+
+    def add_logits_bias(self, rows: list[int], bias: Any) -> None:
+        """From a `sample` wrapper, before it yields: add the tensor `bias` (`[len(rows), vocab]`,
+        -inf where a token is forbidden) to the rows `rows` (indices into the hook's `seqs`) of
+        the logits, in one batched operation: a grammar's mask for many sequences at once. Only
+        where the logits are a tensor (a real executor)."""
+        self._sampling("add_logits_bias").add_rows(rows, bias)
+
+    def adjusted_logits(self, logits: Any) -> Any:
+        """For a sampler: `logits` with the bans and biases the wrappers registered this step
+        applied (a new tensor, computed once per step; `logits` itself when there are none). A
+        `sample` implementation that chooses tokens must read these, not the raw `logits`."""
+        return logits if self._masks is None else self._masks.apply(logits)
+
+    def banned_tokens(self, seq: Sequence) -> frozenset[int]:
+        """The tokens wrappers banned for `seq` this step (`ban_tokens`, or a bias of -inf)."""
+        if self._masks is None or not self._masks.banned:
+            return frozenset()
+        return frozenset(self._masks.banned.get(self._masks.row_of(seq), ()))
 
     @property
     def salt(self) -> int:

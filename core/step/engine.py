@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from ..errors import NoProgressError, PluginError
 from ..plugins.answers import tokens_problem
 from ..plugins.manager import PluginManager
 from ..requests.detokenizer import Detokenizer
+from ..requests.logit_masks import LogitMasks
 from ..requests.logprobs import record_logprobs
 from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request
 from ..requests.sequence import SWAPPED, FinishReason, Sequence
@@ -86,6 +88,7 @@ class Engine(Intake):
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra, getattr(executor, "sampler_class", None))
+        self._sample_mode = getattr(executor, "sample_mode", contextlib.nullcontext)
         self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
@@ -235,14 +238,19 @@ class Engine(Intake):
             return
         hook, ctx = self.plugins.hook, self.scheduler.ctx
         ctx._failures = failures = self._failures  # what `ctx.fail` asks for during the hook
+        ctx._masks = masks = LogitMasks(seqs)  # what `ctx.ban_tokens` & co. ask for
         try:
-            tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
+            with self._sample_mode():
+                tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
         except BaseException:
             failures.clear()  # the step fails as a whole: nothing is left for the next one
             raise
         finally:
-            ctx._failures = None
+            ctx._failures = ctx._masks = None
         problem = tokens_problem(tokens, len(seqs), self._vocab_size)
+        if problem is None and masks:
+            logits = masks.apply(logits)
+            problem = masks.violation(tokens, logits, {s for s, _ in failures})
         if problem is not None:
             failures.clear()
             raise self.plugins.invalid("sample", problem)

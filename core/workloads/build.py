@@ -78,6 +78,7 @@ def scale_items(
             scaled(it.output_len) if length_scale != 1.0 else it.output_len,
             it.tenant,
             it.priority,
+            it.deadline_s,
         )
         for it in items
     ]

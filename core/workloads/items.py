@@ -37,6 +37,8 @@ class WorkloadItem:
     `segments`: the prompt as `(key, length)` pieces (see the module docstring).
     `output_len`: the true output length; a simulated request ends there.
     `priority`: lower is more urgent (as in `Request`).
+    `deadline_s`: seconds after its arrival by which the request should be finished (None: no
+    deadline); the request's `deadline` is `arrival_s + deadline_s` on the engine's clock.
     """
 
     arrival_s: float
@@ -44,6 +46,7 @@ class WorkloadItem:
     output_len: int
     tenant: str = "default"
     priority: int = 0
+    deadline_s: float | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -69,6 +72,7 @@ class WorkloadItem:
             "prompt_token_ids": self.prompt_token_ids(vocab_size),
             "sampling": {"max_new_tokens": self.output_len, "ignore_eos": True, "temperature": 0.0},
             "expected_output_tokens": self.output_len if oracle else None,
+            "deadline": None if self.deadline_s is None else self.arrival_s + self.deadline_s,
         }
 
     def to_request(self, request_id: str, *, vocab_size: int = 32000, oracle: bool = False) -> Request:

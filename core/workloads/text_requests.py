@@ -10,7 +10,9 @@ A request file is JSONL, one request per line::
   tokenizer that has a chat template, it is the user message of a one-turn chat and the template
   is applied with the generation prompt) or `prompt_token_ids`, exactly one of them;
 - `id` (default: the line number), `arrival_s` (default 0), `tenant`, `priority`, `metadata`
-  (fields for plugins: `Request.metadata`);
+  (fields for plugins: `Request.metadata`), `deadline_s` (seconds after the arrival by which it
+  should finish: plugins see `seq.deadline` = arrival + `deadline_s`, and the run reports the
+  share of requests that met theirs);
 - the sampling fields of `SamplingParams`: `max_new_tokens`, `temperature`, `top_p`, `top_k`,
   `min_p`, `repetition_penalty`, `frequency_penalty`, `presence_penalty`, `seed`, `stop`,
   `stop_token_ids`, `ignore_eos`, `min_tokens`, `n`, `logprobs` (a real model: the outputs file
@@ -53,6 +55,7 @@ class _Line(BaseModel):
     tenant: str = Field(default="default", min_length=1)
     priority: int = 0
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=METADATA_MAX_KEYS)
+    deadline_s: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,6 +71,8 @@ class TextRequestItem:
     priority: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
     """Fields for plugins (`Request.metadata`)."""
+    deadline_s: float | None = None
+    """Seconds after the arrival by which the request should finish (None: no deadline)."""
 
     @property
     def prompt_len(self) -> int:
@@ -90,6 +95,7 @@ class TextRequestItem:
             "sampling": self.sampling,
             "expected_output_tokens": self.sampling.max_new_tokens if known else None,
             "metadata": dict(self.metadata),
+            "deadline": None if self.deadline_s is None else self.arrival_s + self.deadline_s,
         }
 
 
@@ -157,7 +163,8 @@ def parse_line(data: Any, where: str, default_id: str, tokenizer: Any = None) ->
     if sampling.stop and tokenizer is None:
         raise WorkloadError(f"{where}: stop: stop strings need a tokenizer and this executor has none")
     rid = default_id if line.id is None else str(line.id)
-    return TextRequestItem(line.arrival_s, rid, tuple(ids), sampling, line.tenant, line.priority, line.metadata)
+    return TextRequestItem(line.arrival_s, rid, tuple(ids), sampling, line.tenant, line.priority, line.metadata,
+                           line.deadline_s)
 
 
 def load_requests(path: str | Path, tokenizer: Any = None) -> list[TextRequestItem]:
@@ -204,7 +211,7 @@ def request_workload(
     if rate_scale != 1.0:
         items = [
             TextRequestItem(it.arrival_s / rate_scale, it.request_id, it.prompt_token_ids, it.sampling,
-                            it.tenant, it.priority, it.metadata)
+                            it.tenant, it.priority, it.metadata, it.deadline_s)
             for it in items
         ]
     params = {"source": str(path), "rate_scale": rate_scale, "length_scale": 1.0, "max_requests": max_requests}

@@ -37,6 +37,9 @@ class TorchExecutor:
 
     name = "torch"
     sampler_class = TorchSampler
+    sample_mode = torch.inference_mode
+    """The mode the engine calls the `sample` hook in: the logits are inference tensors, so a
+    wrapper that masks them in place (the pre-0.2 way; `ctx.ban_tokens` is the portable one) may."""
     """The default `sample` hook's sampler for this executor's logits tensors."""
 
     def __init__(
