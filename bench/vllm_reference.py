@@ -12,15 +12,17 @@ non-empty steps) and the time of its first scheduling, its first token and its e
 - vLLM's block pool keeps one null block, so it gets `--num-blocks + 1` blocks: both engines then
   have `--num-blocks` blocks for requests.
 
-Install (a separate venv: vLLM's wheel without its dependencies, next to the CPU torch that
-/work/deps holds, plus the pure-Python modules its scheduler's imports need):
+Install (a separate venv: CPU torch pinned, vLLM's wheel without its dependencies, then the
+modules its scheduler's imports need; never an unpinned torch, which pulls a CUDA build):
 
     python3 -m venv /work/vllm-venv
-    echo /work/deps/lib/python3.11/site-packages > /work/vllm-venv/lib/python3.11/site-packages/zz_deps.pth
-    /work/vllm-venv/bin/pip install --no-deps vllm==0.33.0 cbor2 pyzmq aiohttp multidict attrs yarl \
-        propcache aiohappyeyeballs aiosignal frozenlist openai_harmony pillow pybase64 cachetools \
-        msgspec cloudpickle uvloop py-cpuinfo prometheus_client xgrammar apache-tvm-ffi fastapi \
-        starlette opentelemetry-api partial_json_parser llguidance einops
+    /work/vllm-venv/bin/pip install torch==2.13.0          # the CPU build (+cpu), from local wheels here
+    /work/vllm-venv/bin/pip install --no-deps vllm==0.33.0
+    /work/vllm-venv/bin/pip install cbor2 pyzmq aiohttp openai openai_harmony pillow pybase64 cachetools \
+        msgspec cloudpickle uvloop py-cpuinfo prometheus_client fastapi partial_json_parser einops \
+        transformers pydantic pluggy structlog psutil numpy regex sentencepiece tokenizers requests tqdm \
+        pyyaml xgrammar llguidance
+    /work/vllm-venv/bin/pip list | grep '^torch '           # must still say 2.13.0+cpu
 
 Run (from the repository root; metroline is imported from this checkout):
 
