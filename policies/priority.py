@@ -91,10 +91,14 @@ class Priority(ArrivalQueue):
         @model_validator(mode="after")
         def _vllm_has_no_aging_or_threshold(self) -> Priority.Options:
             if self.vllm and self.aging_rate:
-                raise ValueError("aging_rate must be 0 with vllm = true (vLLM's priority scheduler does not age)")
+                raise ValueError(
+                    "aging_rate must be 0 with vllm = true (vLLM's priority scheduler does not age; "
+                    "vllm = false gives the policy's own aging)"
+                )
             if self.vllm and "preempt_threshold" in self.model_fields_set and self.preempt_threshold is not None:
                 raise ValueError(
-                    "preempt_threshold must be None with vllm = true (vLLM never preempts for a waiting request)"
+                    "preempt_threshold must be None with vllm = true (vLLM never preempts for a waiting "
+                    "request; vllm = false gives the policy's own threshold)"
                 )
             return self
 
