@@ -12,15 +12,17 @@ non-empty steps) and the time of its first scheduling, its first token and its e
 - vLLM's block pool keeps one null block, so it gets `--num-blocks + 1` blocks: both engines then
   have `--num-blocks` blocks for requests.
 
-Install (a separate venv: vLLM's wheel without its dependencies, next to the CPU torch that
-/work/deps holds, plus the pure-Python modules its scheduler's imports need):
+Install (a separate venv: CPU torch pinned, vLLM's wheel without its dependencies, then the
+modules its scheduler's imports need; never an unpinned torch, which pulls a CUDA build):
 
     python3 -m venv /work/vllm-venv
-    echo /work/deps/lib/python3.11/site-packages > /work/vllm-venv/lib/python3.11/site-packages/zz_deps.pth
-    /work/vllm-venv/bin/pip install --no-deps vllm==0.33.0 cbor2 pyzmq aiohttp multidict attrs yarl \
-        propcache aiohappyeyeballs aiosignal frozenlist openai_harmony pillow pybase64 cachetools \
-        msgspec cloudpickle uvloop py-cpuinfo prometheus_client xgrammar apache-tvm-ffi fastapi \
-        starlette opentelemetry-api partial_json_parser llguidance einops
+    /work/vllm-venv/bin/pip install torch==2.13.0          # the CPU build (+cpu), from local wheels here
+    /work/vllm-venv/bin/pip install --no-deps vllm==0.33.0
+    /work/vllm-venv/bin/pip install cbor2 pyzmq aiohttp openai openai_harmony pillow pybase64 cachetools \
+        msgspec cloudpickle uvloop py-cpuinfo prometheus_client fastapi partial_json_parser einops \
+        transformers pydantic pluggy structlog psutil numpy regex sentencepiece tokenizers requests tqdm \
+        pyyaml xgrammar llguidance
+    /work/vllm-venv/bin/pip list | grep '^torch '           # must still say 2.13.0+cpu
 
 Run (from the repository root; metroline is imported from this checkout):
 
@@ -73,8 +75,10 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path):
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=args.max_model_len,
                         dtype="float32", seed=0)
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                            max_model_len=args.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False)
-    cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=True)
+                            max_model_len=args.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
+                            policy=args.policy, long_prefill_token_threshold=args.max_prefill_chunk or 0,
+                            long_prefill_token_threshold_adaptive=args.max_prefill_chunk_adaptive)
+    cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=not args.no_prefix_sharing)
     cache.num_gpu_blocks = args.num_blocks + 1  # + vLLM's null block
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"))
@@ -89,7 +93,8 @@ def make_request(item, rid: str, block_hasher):
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=item.output_len, ignore_eos=True, temperature=0.0)
-    return Request(rid, item.prompt_token_ids(), params, None, arrival_time=item.arrival_s, block_hasher=block_hasher)
+    return Request(rid, item.prompt_token_ids(), params, None, arrival_time=item.arrival_s, block_hasher=block_hasher,
+                   priority=item.priority)
 
 
 def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
@@ -159,6 +164,30 @@ def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
     return {"preemptions": preemptions, "steps": steps, "requests": record}
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's flags, named as metroline names them (`EngineConfig`'s fields)."""
+    p.add_argument("--num-blocks", type=int, required=True, help="blocks for requests (metroline's num_blocks)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--step-time", type=float, default=0.01)
+    p.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs", help="vLLM's scheduling policy")
+    p.add_argument("--max-prefill-chunk", type=int, help="vLLM's long_prefill_token_threshold")
+    p.add_argument("--max-prefill-chunk-adaptive", action="store_true",
+                   help="vLLM's long_prefill_token_threshold_adaptive")
+    p.add_argument("--no-prefix-sharing", action="store_true", help="vLLM without prefix caching")
+
+
+def engine_fields(args: argparse.Namespace) -> dict:
+    """The recording's `engine` table: what `EngineConfig` needs to replay it."""
+    return {"num_blocks": args.num_blocks, "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
+            "step_time": args.step_time, "policy": args.policy, "max_prefill_chunk": args.max_prefill_chunk,
+            "max_prefill_chunk_adaptive": args.max_prefill_chunk_adaptive,
+            "enable_prefix_caching": not args.no_prefix_sharing}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", required=True, help="a metroline built-in workload or spec/trace file")
@@ -166,12 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int)
     p.add_argument("--rate-scale", type=float, default=1.0)
     p.add_argument("--length-scale", type=float, default=1.0)
-    p.add_argument("--num-blocks", type=int, required=True, help="blocks for requests (metroline's num_blocks)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-batched-tokens", type=int, default=2048)
-    p.add_argument("--max-model-len", type=int, default=32768)
-    p.add_argument("--step-time", type=float, default=0.01)
+    add_engine_args(p)
     p.add_argument("--traces-dir")
     p.add_argument("--out", help="write the recording (JSON) here")
     args = p.parse_args(argv)
@@ -197,9 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                      "computed tokens reach its known tokens), steps of step_time seconds",
         "workload": {"source": args.workload, "seed": args.seed, "max_requests": args.max_requests,
                      "rate_scale": args.rate_scale, "length_scale": args.length_scale},
-        "engine": {"num_blocks": args.num_blocks, "block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
-                   "max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
-                   "step_time": args.step_time},
+        "engine": engine_fields(args),
         **result,
     }
     print(f"{args.workload}: {len(result['requests'])} requests, {result['steps']} steps, "

@@ -23,6 +23,18 @@ def presets() -> dict[str, dict[str, Any]]:
     return tomllib.loads(PRESETS_FILE.read_text())
 
 
+def preset_plugin_options(preset: dict[str, dict[str, Any]], data: dict[str, Any]) -> dict[str, Any]:
+    """`data`'s `plugin_options` with the preset's tables under them, for the plugins `data` loads
+    only (a preset's `[NAME.plugin_options.priority]` applies when the policy is priority); an
+    option given explicitly wins over the preset's."""
+    given = dict(data.get("plugin_options") or {})
+    loaded = {data.get("policy"), *(data.get("plugins") or ())}
+    for name, table in preset.items():
+        if name in loaded and isinstance(given.get(name, {}), dict):
+            given[name] = {**table, **given.get(name, {})}
+    return given
+
+
 def preset_fields(name: str) -> dict[str, Any]:
     """The `EngineConfig` fields a preset sets; ValueError naming the valid presets if unknown."""
     table = presets()
@@ -46,7 +58,11 @@ class EngineConfig(BaseModel):
 
     Token budget: each step schedules at most `max_num_batched_tokens` tokens (prefill chunks and
     decodes together) for at most `max_num_seqs` running requests; one prefill chunk is at most
-    `max_prefill_chunk` tokens (defaults to the whole budget).
+    `max_prefill_chunk` tokens (defaults to the whole budget). `max_prefill_chunk` is vLLM's
+    `long_prefill_token_threshold`: it applies only in a step that starts with more than one
+    request (running, waiting or swapped); `max_prefill_chunk_adaptive` (vLLM's
+    `long_prefill_token_threshold_adaptive`) raises it to `max_num_batched_tokens // requests`
+    when that is larger (`chunk_cap`).
 
     Plugins: `policy` names the base policy (a shipped one, an entry point, or a dotted path);
     `plugins` lists more plugins stacked on top of it, later ones taking precedence;
@@ -70,6 +86,11 @@ class EngineConfig(BaseModel):
       Block granularity is the default because the part-match costs a block copy to save at most
       `block_size - 1` tokens, and two unrelated prompts that start with the same token would
       "share" one.
+    - `protect_stalled` (default True): the core's no-livelock rule (`select_victim`): a request
+      preempted twice in a row without progress is not displaced for a younger requester. vLLM
+      has no such rule (its fcfs and priority victims cannot livelock: the first running request,
+      or the most urgent, is never another's victim), and the vllm preset turns it off; with
+      plugins that may livelock, keep it on.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -85,6 +106,7 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(default=256, ge=1, le=MAX_BLOCKS)
     max_num_batched_tokens: int = Field(default=2048, ge=1, le=MAX_TOKENS)
     max_prefill_chunk: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_prefill_chunk_adaptive: bool = False
     max_model_len: int = Field(default=32768, ge=2, le=MAX_TOKENS)
     enable_prefix_caching: bool = True
     preemption_mode: PreemptionMode = "recompute"
@@ -98,13 +120,18 @@ class EngineConfig(BaseModel):
     admit_after_preemption: bool = False
     admission_gate: AdmissionGate = "full_prompt"
     prefix_match: PrefixMatch = "block"
+    protect_stalled: bool = True
     preset: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("preset") is not None:
-            data = {**preset_fields(data["preset"]), **data}
+            fields = preset_fields(data["preset"])
+            options = fields.pop("plugin_options", {})
+            data = {**fields, **data}
+            if options:
+                data["plugin_options"] = preset_plugin_options(options, data)
         return data
 
     @model_validator(mode="after")
@@ -120,8 +147,23 @@ class EngineConfig(BaseModel):
 
     @property
     def prefill_chunk(self) -> int:
-        """The largest prefill chunk one request may get in one step."""
+        """The largest prefill chunk one request may get in one step when several requests are
+        eligible (see `chunk_cap`)."""
         return self.max_prefill_chunk or self.max_num_batched_tokens
+
+    def chunk_cap(self, num_requests: int) -> int:
+        """The prefill chunk cap of a step that starts with `num_requests` requests (running,
+        waiting and swapped, new arrivals included): `max_prefill_chunk`, as vLLM's
+        `long_prefill_token_threshold`, only when more than one request is eligible (a request
+        alone has nobody to starve and gets the whole budget); with `max_prefill_chunk_adaptive`
+        (vLLM's `long_prefill_token_threshold_adaptive`) at least `budget // num_requests`."""
+        cap = self.max_prefill_chunk
+        budget = self.max_num_batched_tokens
+        if cap is None or num_requests <= 1:
+            return budget
+        if self.max_prefill_chunk_adaptive:
+            return max(cap, budget // num_requests)
+        return cap
 
     @property
     def max_kv_tokens(self) -> int:

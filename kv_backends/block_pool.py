@@ -58,6 +58,18 @@ class BlockPool(PrefixIndex, SwapPlanning, PoolInvariants):
         """The reference count of one block."""
         return self._refs[block_id]
 
+    def num_unreferenced(self, block_ids: Iterable[int]) -> int:
+        """How many of the blocks have a ref count of 0 (cached ones that `acquire` would take off
+        the free blocks)."""
+        refs = self._refs
+        return sum(1 for b in block_ids if refs[b] == 0)
+
+    def all_indexed(self, block_ids: Iterable[int]) -> bool:
+        """Whether every one of the blocks is still in the prefix index (a hit not held yet that no
+        block has left)."""
+        indexed = self._indexed
+        return all(indexed[b] for b in block_ids)
+
     # -- references ---------------------------------------------------------------------------
 
     def acquire(self, block_ids: Iterable[int]) -> None:

@@ -44,7 +44,15 @@ class PoolInvariants(PoolState):
                 f"block {b}: stored key does not hash to {h}"
             )
             assert len(key.tokens) == self.block_size, f"indexed block {b} is not full"
-        assert sum(self._indexed) == len(self._index), "blocks marked indexed but not in the index"
+        num_dups = 0
+        for h, dups in self._dups.items():
+            assert dups and h in self._index, f"duplicates of hash {h} without its indexed block"
+            for b in dups:
+                assert self._indexed[b] and self._keys[b] is self._keys[self._index[h]], (
+                    f"duplicate block {b} of hash {h} holds another prefix"
+                )
+            num_dups += len(dups)
+        assert sum(self._indexed) == len(self._index) + num_dups, "blocks marked indexed but not in the index"
         num_children = 0
         for child_key, children in self._children.items():
             assert children, f"empty children set {child_key}"

@@ -27,6 +27,7 @@ class PoolState:
         "_free",
         "_evictable",
         "_index",
+        "_dups",
         "_children",
         "_num_used",
         "_unindexed",
@@ -56,13 +57,17 @@ class PoolState:
         lookup may share them whole, never in part (a copy would run before the write)."""
         self.peak_used_blocks = 0
         self._refs = [0] * num_blocks
-        # The key of a full, computed block; kept on blocks that are not indexed (a duplicate took
-        # the hash) so that their children still chain.
+        # The key of a full, computed block; kept on blocks that are not indexed (a hash collision
+        # took the hash) so that their children still chain.
         self._keys: list[BlockKey | None] = [None] * num_blocks
         self._indexed = [False] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recently used first
-        self._index: dict[int, int] = {}  # hash -> block
+        self._index: dict[int, int] = {}  # hash -> block (the oldest indexed block of that hash)
+        # hash -> the later blocks indexed under it, oldest first: a block recomputed while its
+        # twin was cached (as vLLM keeps both; a lookup takes the oldest, evicting one keeps the
+        # hash alive through the next)
+        self._dups: dict[int, list[int]] = {}
         # (parent_hash, extra_key, first token) -> indexed blocks, for token-granular matching.
         self._children: dict[tuple, set[int]] = {}
         self._num_used = 0

@@ -152,8 +152,11 @@ class PrefixIndex(PoolState):
     ) -> None:
         """Register `block_table[start_block:end_block]` (full, KV computed) in the prefix index.
 
-        A block whose hash is already indexed (by itself or by a duplicate) is not indexed again,
-        but it keeps its key so that later blocks chain on it. No-op without prefix caching.
+        A block of the same prefix as an indexed one (recomputed while its twin was cached: the
+        last block of a prompt that was cached whole) is indexed too, as the twin's duplicate: a
+        lookup takes the oldest; evicting one leaves the hash to the next. A block whose hash is
+        indexed for other tokens (a collision) is not indexed, but it keeps its key so that later
+        blocks chain on it. No-op without prefix caching.
         """
         if not self.enable_prefix_caching or start_block >= end_block:
             return
@@ -173,7 +176,13 @@ class PrefixIndex(PoolState):
                 key = keys[b] = self._make_key(parent, tokens, extra_key)
             else:
                 assert key.tokens == tokens, f"block {b} holds other tokens"
-            if not indexed[b] and key.hash not in index:
+            if indexed[b]:
+                pass
+            elif key.hash in index:
+                if keys[index[key.hash]] is key:  # the same prefix (`_make_key` shares key objects)
+                    self._dups.setdefault(key.hash, []).append(b)
+                    indexed[b] = True
+            else:
                 index[key.hash] = b
                 indexed[b] = True
                 child_key = (None if parent is None else parent.hash, extra_key, key.tokens[0])
@@ -236,14 +245,27 @@ class PrefixIndex(PoolState):
 
     def _unindex(self, b: int) -> None:
         key = self._keys[b]
-        del self._index[key.hash]
-        self._unindexed += 1
+        h = key.hash
+        self._indexed[b] = False
+        dups = self._dups.get(h)
+        if self._index[h] != b:  # a duplicate leaves; its twin keeps the hash
+            dups.remove(b)
+            if not dups:
+                del self._dups[h]
+            return
         child_key = (None if key.parent is None else key.parent.hash, key.extra_key, key.tokens[0])
         children = self._children[child_key]
         children.discard(b)
+        if dups:  # the next oldest duplicate (same key object) takes the hash
+            twin = self._index[h] = dups.pop(0)
+            if not dups:
+                del self._dups[h]
+            children.add(twin)
+            return
+        del self._index[h]
+        self._unindexed += 1
         if not children:
             del self._children[child_key]
-        self._indexed[b] = False
 
 
 def block_chain(token_ids: Sequence[int], block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:

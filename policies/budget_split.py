@@ -78,7 +78,7 @@ class DecodeFirst:
     def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:
         decode = num_decoding if num_decoding < budget else budget
         config = ctx.config
-        chunk = config.max_prefill_chunk or config.max_num_batched_tokens
+        chunk = config.chunk_cap(len(ctx.running) + len(ctx.waiting) + len(ctx.swapped))
         return Split(decode, budget - decode, min(self.max_chunk, chunk), self.max_partial_prefills)
 
 
@@ -137,7 +137,7 @@ class PrefillFirst:
     @hookimpl
     def split_budget(self, ctx: StepContext, budget: int, num_decoding: int, num_waiting: int) -> Split:
         config = ctx.config
-        chunk = config.max_prefill_chunk or config.max_num_batched_tokens
+        chunk = config.chunk_cap(len(ctx.running) + len(ctx.waiting) + len(ctx.swapped))
         demand = 0
         previous = ctx.step - 1
         if num_decoding and not (self._cut_step == previous and self._prefill_step != previous):
@@ -254,7 +254,7 @@ class WeightedBudget:
     def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:
         decode, prefill = self.shares(budget, num_decoding)
         config = ctx.config
-        chunk = config.max_prefill_chunk or config.max_num_batched_tokens
+        chunk = config.chunk_cap(len(ctx.running) + len(ctx.waiting) + len(ctx.swapped))
         return Split(decode, prefill, chunk, self.max_partial_prefills)
 
 

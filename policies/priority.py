@@ -1,5 +1,6 @@
 """`priority`: strict priority with optional aging, and preemption of running requests for urgent
-waiting ones.
+waiting ones; with the option `vllm` (set by `--preset vllm`), exactly vLLM 0.33's priority
+scheduler.
 
 Lower `priority` is more urgent (as in `Request`). A request's *effective priority* at time `now` is
 `priority - aging_rate * (now - arrival_time)`: every second it waits makes it more urgent.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from metroline.api import (
     ArrivalQueue,
@@ -51,7 +52,16 @@ class Priority(ArrivalQueue):
       protected (priority 1 arriving before an urgent request, with threshold 1.0, is never
       preempted for it).
 
-    Options: see `Priority.Options` (`aging_rate`, `preempt_threshold`).
+    Options: see `Priority.Options` (`aging_rate`, `preempt_threshold`, `vllm`). Aging and
+    preemption for waiting requests are this policy's own (not vLLM).
+
+    **vLLM's priority scheduler** (`vllm = true`, which `--preset vllm` sets): waiting requests by
+    `(priority, arrival_time, request_id)` (the id compared as a string, as vLLM's `Request.__lt__`),
+    head-of-line; a waiting request never preempts (for slots or blocks); the victim of a running
+    request that lacks blocks is `max(running, key=(priority, arrival_time))`, i.e. among the worst
+    the first in the running list's order (admission order, a re-admitted request at its end).
+    With the preset's `admit_after_preemption = false`, nothing is admitted in a step that
+    preempted. No aging.
 
     Aging bound: let `p_min` be the most urgent priority in use and `D = (priority - p_min) /
     aging_rate`. A request R is ordered before every request that arrives at or after
@@ -76,17 +86,44 @@ class Priority(ArrivalQueue):
             description="the gap of effective priority (in priority units; 1.0 is one level) needed to "
             "preempt a running request for a waiting one; None never preempts for waiting requests",
         )
+        vllm: bool = Field(
+            default=False,
+            description="exactly vLLM 0.33's priority scheduler (set by the vllm preset): ties by arrival "
+            "time then request id as a string, victim the first of the worst in running order, no "
+            "preemption for waiting requests, no aging",
+        )
+
+        @model_validator(mode="after")
+        def _vllm_has_no_aging_or_threshold(self) -> Priority.Options:
+            if self.vllm and self.aging_rate:
+                raise ValueError(
+                    "aging_rate must be 0 with vllm = true (vLLM's priority scheduler does not age; "
+                    "vllm = false gives the policy's own aging)"
+                )
+            if self.vllm and "preempt_threshold" in self.model_fields_set and self.preempt_threshold is not None:
+                raise ValueError(
+                    "preempt_threshold must be None with vllm = true (vLLM never preempts for a waiting "
+                    "request; vllm = false gives the policy's own threshold)"
+                )
+            return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.options = take_options(self, args, kwargs)
         self.aging_rate = self.options.aging_rate
-        self.preempt_threshold = self.options.preempt_threshold
+        self.vllm = self.options.vllm
+        self.preempt_threshold = None if self.vllm else self.options.preempt_threshold
         rate = self.aging_rate
+        live = frozenset((RUNNING,))
+        if self.vllm:
+            super().__init__(key=lambda s: (s.priority, s.arrival_time, s.request_id, s.index))
+            # worst first; among equals the first admitted (a re-admission re-keys: `rekey`)
+            self.running = LazyHeap(key=lambda s: (-s.priority, -s.arrival_time, s.admitted_seq_no), live=live, rekey=True)
+            return
         super().__init__(key=lambda s: (s.priority + rate * s.arrival_time, s.arrival_time, s.arrival_no, s.index))
         # the running sequences, worst first (the keys negated): `peek()` is the victim
         self.running = LazyHeap(
             key=lambda s: (-(s.priority + rate * s.arrival_time), -s.arrival_time, -s.arrival_no, -s.index),
-            live=frozenset((RUNNING,)),
+            live=live,
         )
 
     def key(self, seq: Sequence) -> float:

@@ -48,8 +48,13 @@ def request(rid: str, prompt_len: int, out: int, arrival: float = 0.0) -> Reques
                    sampling=SamplingParams(max_new_tokens=out, ignore_eos=True, temperature=0.0))
 
 
-def ctx_of(**config) -> object:
-    return Engine(EngineConfig(**config)).scheduler.ctx
+def ctx_of(requests: int = 2, **config) -> object:
+    """The context of an engine with `requests` waiting (two by default: the engine's chunk cap
+    applies only to a step that starts with more than one request)."""
+    engine = Engine(EngineConfig(**config))
+    for i in range(requests):
+        engine.add_request({"request_id": f"w{i}", "prompt_token_ids": [1, 2, 3], "sampling": {"max_new_tokens": 1}})
+    return engine.scheduler.ctx
 
 
 # --- the split each plugin answers ---------------------------------------------------------------
@@ -67,6 +72,9 @@ def test_decode_first_split():
     # the engine's max_prefill_chunk is a ceiling on the option
     ctx = ctx_of(max_num_batched_tokens=1024, max_prefill_chunk=128)
     assert DecodeFirst().split_budget(ctx=ctx, budget=1024, num_decoding=1) == Split(1, 1023, 128, None)
+    # ... when more than one request is eligible (vLLM's long_prefill_token_threshold)
+    ctx = ctx_of(requests=1, max_num_batched_tokens=1024, max_prefill_chunk=128)
+    assert DecodeFirst().split_budget(ctx=ctx, budget=1024, num_decoding=0) == Split(0, 1024, 512, None)
 
 
 def test_weighted_budget_shares_satisfy_the_weighted_constraint():

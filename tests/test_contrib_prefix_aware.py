@@ -79,8 +79,8 @@ def test_higher_prefix_hit_rate_than_fcfs_with_a_small_pool():
     lpm, _ = run(wl, num_blocks=400)
     f, p = fcfs["summary"], lpm["summary"]
     assert f["completed"] == p["completed"] == 400
-    assert round(f["prefix_hit_rate"], 4) == 0.3847
-    assert round(p["prefix_hit_rate"], 4) == 0.5410
+    assert round(f["prefix_hit_rate"], 4) == 0.3844  # 0.3847 before a blocked hit aged in the LRU (issue 27)
+    assert round(p["prefix_hit_rate"], 4) == 0.5408  # 0.5410 before (issue 27)
     assert p["prefix_hit_rate"] - f["prefix_hit_rate"] > 0.15
     # fewer prefill tokens to compute, so the same work ends sooner
     assert p["duration_s"] < f["duration_s"]

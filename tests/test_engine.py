@@ -247,8 +247,9 @@ def test_parallel_sampling_takes_n_slots():
 
 def test_the_slot_of_an_unforked_sample_is_held_until_its_parent_ends():
     engine = make_engine(max_num_seqs=2, max_prefill_chunk=8)
-    engine.add_request(request("pair", 20, max_new=2, n=2))
-    engine.step()  # the pair's prompt is being computed: its second sample will need a slot
+    engine.add_request(request("pair", 100, max_new=2, n=2))
+    engine.step()  # the pair's prompt is being computed (64 tokens: alone, it is not capped): its
+    # second sample will need a slot
     engine.add_request(request("x", 4, max_new=2))
     engine.add_request(request("y", 4, max_new=2))
     engine.step()
@@ -275,14 +276,15 @@ def test_a_preempted_unforked_parent_forks_after_readmission():
     ps = engine.executor.plans
     # (first-chunk admission: the scenario this test needs)
     # readmitted as soon as its first chunk fits, the pair is preempted again while big grows;
-    # once big ended (step 16) its prompt is computed, it forks (step 20), and its second
-    # sample, admitted last, finds no block for its first decode and waits for the first
+    # once big ended (step 16) its prompt is computed (4 tokens at step 17 beside z, the other 12
+    # at step 18, alone, when max_prefill_chunk does not apply), it forks (step 18), and its
+    # second sample, admitted last, finds no block for its first decode and waits for the first
     preempted = [(p.step, p.preempted) for p in ps if p.preempted]
     assert preempted == [
         (4, [("pair", "WAITING")]), (7, [("pair", "WAITING")]), (10, [("pair", "WAITING")]),
-        (12, [("pair", "WAITING")]), (14, [("pair", "WAITING")]), (21, [("pair#1", "WAITING")]),
+        (12, [("pair", "WAITING")]), (14, [("pair", "WAITING")]), (19, [("pair#1", "WAITING")]),
     ]
-    assert min(p.step for p in ps if "pair#1" in p.scheduled) == 23
+    assert min(p.step for p in ps if "pair#1" in p.scheduled) == 21
     pair = engine.sequences("pair")
     assert [s.seq_id for s in pair] == ["pair", "pair#1"]
     assert [s.num_preemptions for s in pair] == [5, 1]

@@ -172,11 +172,35 @@ def test_duplicate_content_keeps_chaining():
     assert pool.allocate_slots(t2, 0, 12, ops)
     assert t2 == [2, 3, 4]
     pool.cache_full_blocks(t2, A, 0, 3)
-    # Blocks 2 and 3 duplicate 0 and 1 and are not indexed; block 4 chains on them and is.
+    # Blocks 2 and 3 duplicate 0 and 1, indexed behind them; block 4 chains on them.
     assert pool.lookup(A + [0]) == PrefixHit([0, 1, 4], 12)
     pool.release(t2)
-    assert counts(pool) == (6, 1, 2)  # blocks 2, 3 freed; block 4 cached
+    assert counts(pool) == (6, 3, 2)  # blocks 2, 3 and 4 cached
     pool.check_invariants([t1])
+
+
+def test_a_recomputed_last_block_stays_cached_as_a_duplicate_and_keeps_its_hash_alive():
+    # vLLM: a prompt cached whole recomputes its last block into a new block of the same hash;
+    # both stay cached, a lookup takes the oldest, evicting one leaves the hash to the other
+    pool = BlockPool(6, BS, partial_match=False)
+    t1, _, _ = admit(pool, A[:8])  # blocks 0, 1
+    pool.release(t1)
+    t2, hit, _ = admit(pool, A[:8])  # hits block 0 (the last token is always computed): block 1 again
+    assert (hit, t2) == (PrefixHit([0], 4), [0, 2])
+    pool.check_invariants([t2])
+    pool.release(t2)
+    assert counts(pool) == (6, 3, 0)  # 0, 1 and its duplicate 2, all cached
+    assert pool.lookup(A[:8]) == PrefixHit([0, 1], 8)  # the oldest
+    # the free list first, then evict in LRU order (1 was released first, then t2's tail 2, then
+    # 0): 1 leaves, its duplicate 2 takes the hash
+    table, ops = [], []
+    assert pool.allocate_slots(table, 0, 4 * BS, ops)
+    assert table == [3, 4, 5, 1]
+    assert pool.lookup(A[:8]) == PrefixHit([0, 2], 8)
+    pool.check_invariants([table])
+    assert pool.allocate_slots(table, 4 * BS, BS, ops) and table[-1] == 2  # the duplicate goes next
+    assert pool.lookup(A[:8]) == PrefixHit([0], 4)
+    pool.check_invariants([table])
 
 
 def test_cache_full_blocks_is_idempotent_and_recomputes_missing_parent_hashes():
@@ -382,20 +406,20 @@ def test_collision_of_an_ancestor_never_hands_out_wrong_kv():
 
 
 def test_reallocated_block_forgets_its_content():
-    pool = BlockPool(8, BS)
+    pool = BlockPool(5, BS)
     t1, _, _ = admit(pool, A[:8])
     t2 = []
     pool.allocate_slots(t2, 0, 8, [])
-    pool.cache_full_blocks(t2, A[:8], 0, 2)  # duplicates of blocks 0 and 1: not indexed
+    pool.cache_full_blocks(t2, A[:8], 0, 2)  # duplicates of blocks 0 and 1
     pool.release(t2)
     b = [50 + i for i in range(12)]
     t3 = []
     pool.allocate_slots(t3, 0, 12, [])
-    assert t3 == [2, 3, 4]  # the former duplicates, reused for other tokens
+    assert t3 == [4, 3, 2]  # the free block, then the former duplicates (LRU), reused for other tokens
     pool.cache_full_blocks(t3, b, 2, 3)  # must chain on b's tokens, not on the old content
     assert pool.lookup(A[:8] + b[8:12] + [0]) == PrefixHit([0, 1], 8)
     pool.cache_full_blocks(t3, b, 0, 2)
-    assert pool.lookup(b + [0]) == PrefixHit([2, 3, 4], 12)
+    assert pool.lookup(b + [0]) == PrefixHit([4, 3, 2], 12)
     pool.check_invariants([t1, t3])
 
 

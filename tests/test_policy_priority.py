@@ -353,3 +353,59 @@ def test_conforms_to_the_plugin_contract(options):
 
     report = check_plugin("priority", options=options)
     assert len(report.runs) == 6 and sum(r["preemptions"] for r in report.runs) > 0
+
+
+# --- vLLM's priority scheduler (`vllm = true`, set by `--preset vllm --policy priority`) -------------
+
+
+def vllm_priority_engine(**config):
+    return make_engine(preset="vllm", policy="priority", **config)
+
+
+def test_the_vllm_preset_makes_priority_vllms_priority_scheduler():
+    assert EngineConfig(preset="vllm", policy="priority").plugin_options == {"priority": {"vllm": True}}
+    assert EngineConfig(preset="vllm").plugin_options == {}  # fcfs: nothing for a plugin not loaded
+    pol = vllm_priority_engine().plugins.get("priority")
+    assert pol.vllm and pol.preempt_threshold is None and pol.aging_rate == 0.0
+    # the policy's own options stay reachable: vllm = false gives aging and the threshold back
+    own = vllm_priority_engine(plugin_options={"priority": {"vllm": False, "aging_rate": 0.5}}).plugins.get("priority")
+    assert not own.vllm and own.aging_rate == 0.5 and own.preempt_threshold == 1.0
+
+
+@pytest.mark.parametrize(("options", "needle"), [({"aging_rate": 0.5}, "aging_rate must be 0 with vllm"),
+                                                  ({"preempt_threshold": 1.0}, "preempt_threshold must be None")])
+def test_vllm_priority_refuses_aging_and_a_threshold(options, needle):
+    with pytest.raises(PluginLoadError, match=needle):
+        vllm_priority_engine(plugin_options={"priority": options})
+
+
+def test_vllm_priority_breaks_ties_by_arrival_then_request_id_as_a_string():
+    # vLLM's Request.__lt__: (priority, arrival_time, request_id); "10" < "2" < "9" as strings
+    engine = vllm_priority_engine(max_num_seqs=1)
+    for rid, prio in [("9", 0), ("1", 1), ("10", 0), ("2", 0)]:
+        engine.add_request(request(rid, 4, max_new=1, priority=prio, arrival_time=0.0))
+    run_to_end(engine)
+    assert admitted(engine) == ["10", "2", "9", "1"]
+
+
+def test_vllm_priority_victim_is_the_first_of_the_worst_in_running_order():
+    # the case of test_victim_for_a_running_request_is_the_worst_priority_latest_arrival_on_ties:
+    # y and z tie at (2, 0.0); vLLM's max(running, key=(priority, arrival_time)) is the first of
+    # them in the running list, y (admitted before z), not the latest arrival
+    engine = vllm_priority_engine(num_blocks=6, max_num_seqs=3)
+    engine.add_request(request("x", 4, max_new=12, priority=1, arrival_time=0.0))
+    engine.add_request(request("y", 4, max_new=12, priority=2, arrival_time=0.0))
+    engine.add_request(request("z", 4, max_new=12, priority=2, arrival_time=0.0))
+    run_to_end(engine)
+    assert preempted(engine)[0] == (6, "y")
+
+
+def test_vllm_priority_never_preempts_for_a_waiting_request():
+    # one slot, a less urgent request running: the urgent one waits for it (the policy's own
+    # default, preempt_threshold 1.0, would preempt it)
+    for engine, victims in [(vllm_priority_engine(max_num_seqs=1), []), (priority_engine(max_num_seqs=1), ["low"])]:
+        engine.add_request(request("low", 4, max_new=5, priority=2, arrival_time=0.0))
+        engine.step()
+        engine.add_request(request("urgent", 4, max_new=1, priority=0, arrival_time=0.0))
+        run_to_end(engine)
+        assert [sid for _, sid in preempted(engine)] == victims

@@ -134,6 +134,10 @@ def scenarios(draw):
         admit_after_preemption=draw(st.booleans()),
         admission_gate=draw(st.sampled_from(("full_prompt", "first_chunk"))),
     )
+    if not stack and policy in ("fcfs", "priority") and draw(st.booleans()):
+        # vLLM's own victims (its priority scheduler under priority), without the core's
+        # protection of stalled requests, which the preset turns off
+        config["preset"] = "vllm"
     aborts = draw(st.lists(st.tuples(st.integers(0, 200), st.integers(0, num_requests - 1)), max_size=2))
     arrivals = sorted(draw(st.lists(st.sampled_from((0, 0, 0, 5, 30, 80)), min_size=num_requests, max_size=num_requests)))
     return rng_seed, list(zip(arrivals, requests)), config, aborts

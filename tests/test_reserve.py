@@ -13,6 +13,7 @@ from metroline.core.step.engine import Engine
 from metroline.core.workloads.build import SyntheticSpec, Workload, WorkloadItem, generate, segment_tokens
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
+from metroline.policies.budget_split import DecodeFirst
 from metroline.policies.reserve import ReserveBlocks
 
 
@@ -147,10 +148,11 @@ class Admitted:
 def in_flight_run(plugins: list) -> tuple[Engine, Admitted]:
     # A: a 64-token prompt (4 blocks) prefilled 16 tokens a step (steps 1-4), 1 output (it ends at
     # step 4); C arrives at step 2 with a 48-token prompt (3 blocks), 1 output. Pool 5 blocks,
-    # admission checks the first chunk only.
+    # admission checks the first chunk only. (Chunks of 16 by decode_first's own cap: the engine's
+    # max_prefill_chunk would let A, alone at step 1, take its whole prompt.)
     log = Admitted()
-    cfg = EngineConfig(num_blocks=5, admission_gate="first_chunk", max_prefill_chunk=16)
-    engine = Engine(cfg, plugins=[*plugins, log])
+    cfg = EngineConfig(num_blocks=5, admission_gate="first_chunk")
+    engine = Engine(cfg, plugins=[DecodeFirst(max_chunk=16), *plugins, log])
     replay(engine, Workload("in-flight", [
         WorkloadItem(0.0, ((("A",), 64),), 1),
         WorkloadItem(0.01, ((("C",), 48),), 1),

@@ -22,11 +22,44 @@ def plans(engine):
 # --- chunked prefill -----------------------------------------------------------------------------
 
 
-def test_chunked_prefill_runs_in_chunks_of_max_prefill_chunk():
+def test_a_request_alone_is_not_capped_by_max_prefill_chunk():
+    # vLLM's long_prefill_token_threshold: with one request eligible nobody is starved, so it gets
+    # the whole budget (64): 100 prompt tokens in 2 steps, not 4
     engine = make_engine(max_prefill_chunk=32, max_num_batched_tokens=64)
+    engine.add_request(request("r", 100, max_new=1))
+    run_to_end(engine)
+    assert [p.scheduled for p in plans(engine)] == [{"r": 64}, {"r": 36}]
+
+
+def test_the_chunk_cap_counts_the_requests_once_at_the_start_of_the_step():
+    # r and s (waiting, no slot for it) are two at the start of each step: r is capped until it
+    # ends; then s, alone, is not
+    engine = make_engine(max_prefill_chunk=16, max_num_batched_tokens=64, max_num_seqs=1)
+    engine.add_request(request("r", 40, max_new=1))
+    engine.add_request(request("s", 40, max_new=1))
+    run_to_end(engine)
+    assert [p.scheduled for p in plans(engine)] == [{"r": 16}, {"r": 16}, {"r": 8}, {"s": 40}]
+
+
+@pytest.mark.parametrize("adaptive, chunks", [(False, [16, 16, 8]), (True, [32, 8])])
+def test_the_adaptive_chunk_cap_is_at_least_the_budget_over_the_requests(adaptive, chunks):
+    # two requests, budget 64: adaptive raises the cap of 16 to 64 // 2 = 32
+    engine = make_engine(max_prefill_chunk=16, max_prefill_chunk_adaptive=adaptive, max_num_batched_tokens=64,
+                         max_num_seqs=1)
+    engine.add_request(request("r", 40, max_new=1))
+    engine.add_request(request("s", 4, max_new=1))
+    run_to_end(engine)
+    assert [p.scheduled["r"] for p in plans(engine) if "r" in p.scheduled] == chunks
+
+
+def test_chunked_prefill_runs_in_chunks_of_max_prefill_chunk():
+    # a second request waits for the one slot: two requests are eligible, so the cap applies
+    engine = make_engine(max_prefill_chunk=32, max_num_batched_tokens=64, max_num_seqs=1)
     engine.add_request(request("r", 100, max_new=3))
-    assert run_to_end(engine) == 6
-    got = [(p.scheduled, p.starts, p.sample) for p in plans(engine)]
+    engine.add_request(request("s", 8, max_new=1))
+    assert run_to_end(engine) == 7
+    assert plans(engine)[6].scheduled == {"s": 8}
+    got = [(p.scheduled, p.starts, p.sample) for p in plans(engine)[:6]]
     assert got == [
         ({"r": 32}, {"r": 0}, []),
         ({"r": 32}, {"r": 32}, []),
@@ -35,8 +68,8 @@ def test_chunked_prefill_runs_in_chunks_of_max_prefill_chunk():
         ({"r": 1}, {"r": 100}, ["r"]),
         ({"r": 1}, {"r": 101}, ["r"]),
     ]
-    assert [p.num_prefill_tokens for p in plans(engine)] == [32, 32, 32, 4, 0, 0]
-    assert [p.num_decode_tokens for p in plans(engine)] == [0, 0, 0, 0, 1, 1]
+    assert [p.num_prefill_tokens for p in plans(engine)[:6]] == [32, 32, 32, 4, 0, 0]
+    assert [p.num_decode_tokens for p in plans(engine)[:6]] == [0, 0, 0, 0, 1, 1]
     seq = engine.sequences("r")[0]
     assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == 3
     # the first token comes with the 4th step, the clock advancing 0.01 s a step

@@ -44,7 +44,11 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--max-batched-tokens", type=int, dest="max_num_batched_tokens", metavar="N",
                    help=f"tokens a step computes, prefill and decode together {_default('max_num_batched_tokens')}")
     p.add_argument("--max-prefill-chunk", type=int, metavar="N",
-                   help="most prompt tokens one request prefills in a step (default: the step's token budget)")
+                   help="most prompt tokens one request prefills in a step when the step starts with more than "
+                   "one request: vLLM's long_prefill_token_threshold (default: the step's token budget)")
+    p.add_argument("--max-prefill-chunk-adaptive", action="store_true", default=None,
+                   help="raise --max-prefill-chunk to the budget / the step's requests when that is larger: "
+                   "vLLM's long_prefill_token_threshold_adaptive (default: off)")
     p.add_argument("--max-model-len", type=int, metavar="N",
                    help=f"longest prompt + output a request may have {_default('max_model_len')}")
     p.add_argument("--block-size", type=int, metavar="N", help=f"tokens per KV block {_default('block_size')}")

@@ -56,7 +56,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         data.pop("serve", None)  # the server's table (metroline serve)
         data.pop("cluster", None)  # the cluster's table (`cluster_options`)
         fields.update(data)
-    for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_model_len",
+    for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_prefill_chunk_adaptive",
+                "max_model_len",
                 "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset"):
         value = getattr(args, key, None)
         if value is not None:

@@ -70,8 +70,9 @@ def select_victim(ctx: StepContext, requester: Sequence, reason: str) -> Sequenc
     The progress rule (the core's): a request preempted twice in a row without computing past
     the most tokens it had ever computed is protected until it does (`ctx.is_protected(seq)`);
     it is never displaced for a younger requester (the core substitutes the youngest running
-    request it may displace, else the requester yields; `metroline.core.plugins.preemption`). vLLM's schedules
-    are unchanged, and with the rescue every request finishes when the oldest one fits alone.
+    request it may displace, else the requester yields; `metroline.core.plugins.preemption`). With the
+    rescue every request finishes when the oldest one fits alone. `EngineConfig.protect_stalled =
+    false` (the vllm preset: vLLM has no such rule, and its own victims cannot livelock) turns it off.
     """
 
 

@@ -6,7 +6,7 @@ the hooks it cares about.
 - `select_victim`: for a running requester, the running sequence admitted last; never preempts a
   running sequence for a waiting one;
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
-  at `max_prefill_chunk`;
+  at `max_prefill_chunk` when the step starts with more than one request (`EngineConfig.chunk_cap`);
 - `order_running`: admission order;
 - `sample`: stand-in tokens in simulation (skipping tokens a wrapper banned); otherwise, on
   `ctx.adjusted_logits(logits)`, `metroline.core.requests.sampling.Sampler` (greedy,
@@ -58,9 +58,10 @@ class DefaultPolicy:
         return last_admitted_victim(ctx, requester)
 
     @hookimpl(trylast=True)
-    def split_budget(self, ctx: StepContext, budget: int, num_decoding: int) -> Split:
+    def split_budget(self, ctx: StepContext, budget: int, num_decoding: int, num_prefilling: int,
+                     num_waiting: int) -> Split:
         decode = min(budget, num_decoding)
-        return Split(decode, budget - decode, ctx.config.prefill_chunk)
+        return Split(decode, budget - decode, ctx.config.chunk_cap(num_decoding + num_prefilling + num_waiting))
 
     @hookimpl(trylast=True)
     def order_running(self, running: list[Sequence]) -> list[Sequence]:

@@ -107,42 +107,52 @@ class Admission:
         return None
 
     def _admit_waiting(self, seq: Sequence, plan: StepPlan, max_chunk: int) -> Outcome:
-        """Prefix-match `seq`, then give it a slot and the blocks of its first chunk."""
+        """Prefix-match `seq`, then give it a slot and the blocks of its first chunk. The hit is
+        held only once the admission fits: an admission that does not admit leaves the prefix
+        cache's LRU order exactly as it was (a waiting request's hit ages like any cached block)."""
         pool = self.pool
         hit_blocks, hit_tokens = pool.lookup(seq.token_ids, seq.cache_salt, len(seq.token_ids) - 1)
         if hit_tokens % pool.block_size and not self._partial_hit_fits(seq, hit_blocks):
             hit_blocks = hit_blocks[:-1]  # a prefix hit never makes a request harder to admit
             hit_tokens = len(hit_blocks) * pool.block_size
-        if hit_blocks:
-            pool.acquire(hit_blocks)
-            seq.block_table = list(hit_blocks)
         seq.num_computed_tokens = hit_tokens
         # a readmitted sequence whose cached prefix covers all but its newest token is a decode;
         # it takes a prefill token when the decode share is spent
         decode = seq.is_decoding and plan.decode_left > 0
         n = 1 if decode else min(seq.num_uncomputed_tokens, plan.prefill_left, max_chunk)
         if n <= 0:
-            self._unacquire(seq)
+            seq.num_computed_tokens = 0
             return STOP
+        victims = len(plan.preempted)
+        if not self._make_room_for(seq, 1 + unforked(seq), plan):
+            outcome = STOP
+        elif not self._room_for_admission(seq, hit_blocks, hit_tokens, n, plan):
+            outcome = BLOCKED
+        else:
+            outcome = ADMITTED
+        if len(plan.preempted) > victims and not pool.all_indexed(hit_blocks):
+            # a victim had registered blocks of the hit in this step, whose KV will now not be
+            # written: match again without them
+            seq.num_computed_tokens = 0
+            return self._admit_waiting(seq, plan, max_chunk)
+        if outcome is not ADMITTED:
+            seq.num_computed_tokens = 0
+            return outcome
+        if hit_blocks:
+            pool.acquire(hit_blocks)
+            seq.block_table = list(hit_blocks)
         prefix = self.prefix
         prefix.candidate, prefix.candidate_stale = seq, False
         try:
-            if not self._make_room_for(seq, 1 + unforked(seq), plan):
-                outcome = STOP
-            elif (self._full_prompt_gate and not self._whole_prompt_fits(seq, plan)) or not self._grow(seq, n, plan):
-                outcome = BLOCKED
-            else:
-                outcome = ADMITTED
+            grown = self._grow(seq, n, plan)  # fits without a victim (`_room_for_admission`)
         finally:
             prefix.candidate = None
         if prefix.candidate_stale:
-            # a victim of this very admission had registered blocks of the hit in this step, whose
-            # KV will now not be written: match again without them
             self._unacquire(seq)
             return self._admit_waiting(seq, plan, max_chunk)
-        if outcome is not ADMITTED:
+        if not grown:
             self._unacquire(seq)
-            return outcome
+            return BLOCKED
         seq.num_cached_blocks = hit_tokens // pool.block_size
         if seq.num_preemptions == 0:
             seq.num_cached_prompt_tokens = min(hit_tokens, seq.num_prompt_tokens)
@@ -188,6 +198,23 @@ class Admission:
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = self.ctx.now
         plan.admitted.append(seq)
+
+    def _room_for_admission(self, seq: Sequence, hit_blocks: list[int], hit_tokens: int, n: int,
+                            plan: StepPlan) -> bool:
+        """Whether the blocks that admitting `seq` with `n` tokens takes (its first chunk's, a copy
+        of a partly matched last block, the unreferenced blocks of its hit, and under the
+        full-prompt gate those of all its known tokens) fit in the free blocks, preempting victims
+        if the policy says so (fcfs never does for a waiting request: then it is blocked). Nothing
+        is held: the hit's blocks keep their place in the LRU."""
+        pool = self.pool
+        bs = pool.block_size
+        have = len(hit_blocks)
+        need = -(-(hit_tokens + n) // bs) - have + (1 if hit_tokens % bs else 0)
+        if self._full_prompt_gate:
+            need = max(need, -(-len(seq.token_ids) // bs) - have)
+        return self.preempt_for(
+            seq, "blocks", plan, lambda: need + pool.num_unreferenced(hit_blocks) <= pool.num_free_blocks(), need
+        )
 
     def _partial_hit_fits(self, seq: Sequence, hit_blocks: list[int]) -> bool:
         """Whether sharing the partly matched last block of a hit (copied at its first write)

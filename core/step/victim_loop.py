@@ -64,14 +64,6 @@ class VictimLoop:
         running, limit = self.running, self.config.max_num_seqs - slots
         return self.preempt_for(seq, "slots", plan, lambda: len(running) + self._fork_slots <= limit)
 
-    def _whole_prompt_fits(self, seq: Sequence, plan: StepPlan) -> bool:
-        """The full-prompt admission gate: the blocks of all of `seq`'s known tokens, beyond those
-        it holds (its prefix hit), fit in the free blocks, preempting victims if the policy says
-        so (fcfs never does for a waiting request: then it is blocked)."""
-        pool = self.pool
-        need = -(-len(seq.token_ids) // pool.block_size) - len(seq.block_table)
-        return self.preempt_for(seq, "blocks", plan, lambda: need <= pool.num_free_blocks(), need)
-
     def _grow(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
         """Give `seq` the blocks for `n` more tokens, preempting victims while blocks are missing.
         False when `seq` could not be served (it was preempted itself, or it is a candidate that
@@ -108,7 +100,8 @@ class VictimLoop:
             answer = requester
         elif not isinstance(answer, Sequence) or answer not in self.running:
             raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not a running sequence")
-        if answer.stalls >= PROTECT_AFTER and (answer is requester or older(answer, requester)) and is_protected(answer):
+        if (answer.stalls >= PROTECT_AFTER and self.config.protect_stalled
+                and (answer is requester or older(answer, requester)) and is_protected(answer)):
             answer = substitute(self.running, requester, younger_only=answer is requester)
             if answer is None:
                 return None

@@ -1,0 +1,192 @@
+"""The referee matrix: `--preset vllm` against vLLM 0.33's own v1 scheduler, cell by cell.
+
+Cells: token budgets 256, 512 and 2,048 x a block pool with preemption ("tight": a few requests'
+worth of blocks) and one without ("roomy") x vLLM's `fcfs` and `priority` policies x the chunk cap
+(`--max-prefill-chunk`, vLLM's `long_prefill_token_threshold`: a quarter of the budget) off and on
+x prefix caching on and off, on the first 40 requests of the Azure conversation, Azure code and
+Mooncake traces (arrivals compressed so that they contend; Mooncake's lengths scaled by 1/8). Under
+`priority` each request gets a priority of 0, 1 or 2 (seeded draws, the same on both sides).
+
+For each cell: the share of requests whose first-scheduled, first-token and finish times are
+bit-equal, and the preemptions on both sides.
+
+    # compare with the recording in tests/data/ (no vLLM needed; the traces are)
+    PYTHONPATH=.. python bench/vllm_matrix.py
+    # vLLM's side live (the venv of bench/vllm_reference.py's docstring), and re-record it
+    /work/vllm-venv/bin/python bench/vllm_matrix.py --live --record tests/data/vllm_matrix.json
+
+`tests/test_vllm_matrix.py` replays the recording cell by cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RECORDING = HERE.parent / "tests" / "data" / "vllm_matrix.json"
+TRACES = {  # workload modifiers and the two pools (blocks of 16 tokens)
+    "azure-conv": {"max_requests": 40, "rate_scale": 10.0, "length_scale": 1.0, "tight": 300, "roomy": 4000},
+    "azure-code": {"max_requests": 40, "rate_scale": 10.0, "length_scale": 1.0, "tight": 500, "roomy": 8000},
+    "mooncake": {"max_requests": 40, "rate_scale": 5.0, "length_scale": 0.125, "tight": 480, "roomy": 8000},
+}
+BUDGETS = (256, 512, 2048)
+MAX_NUM_SEQS = 16
+PRIORITY_SEED = 27
+
+
+def cells() -> list[dict]:
+    """Every cell of the matrix, in a fixed order."""
+    return [
+        {"trace": t, "budget": b, "pool": p, "policy": pol, "chunk": c, "prefix": x}
+        for t, b, p, pol, c, x in itertools.product(
+            TRACES, BUDGETS, ("tight", "roomy"), ("fcfs", "priority"), (False, True), (True, False)
+        )
+    ]
+
+
+def cell_name(cell: dict) -> str:
+    return (f"{cell['trace']}-{cell['budget']}-{cell['pool']}-{cell['policy']}"
+            f"-{'chunk' if cell['chunk'] else 'nochunk'}-{'prefix' if cell['prefix'] else 'noprefix'}")
+
+
+def cell_engine(cell: dict) -> dict:
+    """The engine's fields (the recordings' `engine` table, see `vllm_reference.engine_fields`)."""
+    budget = cell["budget"]
+    return {"num_blocks": TRACES[cell["trace"]][cell["pool"]], "block_size": 16, "max_num_seqs": MAX_NUM_SEQS,
+            "max_num_batched_tokens": budget, "max_model_len": 32768, "step_time": 0.01,
+            "policy": cell["policy"], "max_prefill_chunk": budget // 4 if cell["chunk"] else None,
+            "max_prefill_chunk_adaptive": False, "enable_prefix_caching": cell["prefix"]}
+
+
+def cell_workload_params(cell: dict) -> dict:
+    t = TRACES[cell["trace"]]
+    return {"source": cell["trace"], "seed": None, "max_requests": t["max_requests"],
+            "rate_scale": t["rate_scale"], "length_scale": t["length_scale"]}
+
+
+def cell_priorities(cell: dict) -> list[int] | None:
+    if cell["policy"] != "priority":
+        return None
+    rng = random.Random(PRIORITY_SEED)
+    return [rng.choice((0, 1, 2)) for _ in range(TRACES[cell["trace"]]["max_requests"])]
+
+
+def workload_of(recording: dict, traces_dir=None):
+    """The recording's workload, its items given the recorded priorities."""
+    import dataclasses
+
+    from metroline.core.workloads.build import build_workload
+
+    w = recording["workload"]
+    workload = build_workload(w["source"], seed=w["seed"], max_requests=w["max_requests"], rate_scale=w["rate_scale"],
+                              length_scale=w["length_scale"], traces_dir=traces_dir)
+    if recording.get("priorities"):
+        workload.items = [dataclasses.replace(it, priority=p) for it, p in zip(workload.items, recording["priorities"])]
+    return workload
+
+
+def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dict, dict[str, tuple]]:
+    """Run the recording's workload under `--preset vllm` with its engine; the summary and each
+    request's (first scheduled, first token, finish) times."""
+    from metroline.core.config import EngineConfig
+    from metroline.core.experiments.runner import run_workload
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.simulated import SimulatedExecutor
+
+    e = recording["engine"]
+    fields = {k: e[k] for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    fields.update(policy=e.get("policy", "fcfs"), max_prefill_chunk=e.get("max_prefill_chunk"),
+                  enable_prefix_caching=e.get("enable_prefix_caching", True))
+    if e.get("max_prefill_chunk_adaptive"):
+        fields["max_prefill_chunk_adaptive"] = True
+    cfg = EngineConfig(preset="vllm", **{**fields, **overrides})
+    doc, engine = run_workload(workload_of(recording, traces_dir), cfg,
+                               SimulatedExecutor(make_cost_model("steps", step_time=e["step_time"])))
+    times = {r.id: (r.first_scheduled_s, r.first_token_s, r.finish_s) for r in engine.metrics.requests}
+    return doc["summary"], times
+
+
+def recorded_times(recording: dict) -> dict[str, tuple]:
+    return {rid: tuple(t) for rid, t in recording["times"].items()}
+
+
+def compare(recording: dict, traces_dir=None) -> dict:
+    """One cell: the share of requests bit-equal in each time, and both sides' preemptions."""
+    summary, times = replay_metroline(recording, traces_dir)
+    want = recorded_times(recording)
+    n = len(want)
+    same = [sum(times.get(rid, (None,) * 3)[k] == want[rid][k] for rid in want) for k in range(3)]
+    return {"requests": n, "first_scheduled": 100 * same[0] / n, "first_token": 100 * same[1] / n,
+            "finish": 100 * same[2] / n, "preemptions": (summary["preemptions"], recording["preemptions"])}
+
+
+def record_cells(selected: list[dict], traces_dir=None) -> list[dict]:
+    """vLLM's side of each cell (needs vLLM, see `vllm_reference`)."""
+    import tempfile
+
+    sys.path.insert(0, str(HERE))
+    import vllm_reference as ref
+
+    ref.import_metroline()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(ref.TINY_MODEL))
+        for cell in selected:
+            e = cell_engine(cell)
+            args = argparse.Namespace(
+                num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
+                max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
+                step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=e["max_prefill_chunk"],
+                max_prefill_chunk_adaptive=e["max_prefill_chunk_adaptive"], no_prefix_sharing=not cell["prefix"])
+            rec = {"cell": cell, "workload": cell_workload_params(cell), "engine": e, "priorities": cell_priorities(cell)}
+            result = ref.replay(args, workload_of(rec, traces_dir), Path(tmp))
+            rec.update(preemptions=result["preemptions"], steps=result["steps"], times={
+                rid: [r["first_scheduled"][1], r["first_token"][1], r["finish"][1]]
+                for rid, r in result["requests"].items()})
+            out.append(rec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--live", action="store_true", help="run vLLM's scheduler now instead of reading the recording")
+    p.add_argument("--record", help="with --live: write vLLM's side here")
+    p.add_argument("--recording", default=str(RECORDING), help="the recording to compare with (default: %(default)s)")
+    p.add_argument("--only", help="the cells whose name contains this")
+    p.add_argument("--traces-dir")
+    args = p.parse_args(argv)
+    if args.live:
+        selected = [c for c in cells() if not args.only or args.only in cell_name(c)]
+        wall = time.perf_counter()
+        recordings = record_cells(selected, args.traces_dir)
+        print(f"vLLM: {len(recordings)} cells in {time.perf_counter() - wall:.1f} s", file=sys.stderr)
+        if args.record:
+            import vllm
+
+            Path(args.record).write_text(json.dumps({
+                "reference": f"vllm {vllm.__version__} v1 Scheduler, fake model runner (bench/vllm_reference.py)",
+                "cells": recordings}, separators=(",", ":")) + "\n")
+    else:
+        recordings = [r for r in json.loads(Path(args.recording).read_text())["cells"]
+                      if not args.only or args.only in cell_name(r["cell"])]
+    print(f"{'cell':<48} {'n':>3} {'sched%':>7} {'ttft%':>7} {'end%':>7} {'preempt m/v':>12}")
+    full = 0
+    for rec in recordings:
+        r = compare(rec, args.traces_dir)
+        m, v = r["preemptions"]
+        ok = r["first_scheduled"] == r["first_token"] == r["finish"] == 100 and m == v
+        full += ok
+        print(f"{cell_name(rec['cell']):<48} {r['requests']:>3} {r['first_scheduled']:>7.2f} {r['first_token']:>7.2f} "
+              f"{r['finish']:>7.2f} {m:>5}/{v:<5}{'' if ok else '  DIFF'}")
+    print(f"{full}/{len(recordings)} cells identical (every time bit-equal, equal preemptions)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
