@@ -70,6 +70,10 @@ class EngineConfig(BaseModel):
       Block granularity is the default because the part-match costs a block copy to save at most
       `block_size - 1` tokens, and two unrelated prompts that start with the same token would
       "share" one.
+    - `deterministic` (default False): batch-invariant numerics on a real executor (the torch
+      executor's `invariant_step`): a request's tokens and logprobs are bitwise the same whatever
+      its companions, its chunking, its place in the batch, the policy, preemptions and prefix
+      hits, at a throughput cost. The simulated executor has no numbers to fix and ignores it.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -97,6 +101,7 @@ class EngineConfig(BaseModel):
     admit_after_preemption: bool = False
     admission_gate: AdmissionGate = "full_prompt"
     prefix_match: PrefixMatch = "block"
+    deterministic: bool = False
     preset: str | None = None
 
     @model_validator(mode="before")
