@@ -189,6 +189,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     n = len(labels)
     if seeds is None:
         report.print_comparison_table(docs)
+        if any("output_digests" in doc for doc in docs):  # deterministic on a real model
+            from ..experiments.output_digests import compare_outputs, format_outputs_check
+
+            outputs_check = compare_outputs(labels, docs)
+            print(format_outputs_check(outputs_check), end="")
         if spec is not None:
             from .cluster_run import format_cluster
 
@@ -197,6 +202,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
+    if seeds is None and any("output_digests" in doc for doc in docs):
+        result["outputs_check"] = outputs_check
     if seeds is not None:
         by_policy = {label: docs[c::n] for c, label in enumerate(labels)}
         result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline)
