@@ -131,30 +131,23 @@ def test_full_matrix_tiny_models(name: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_without_the_mode_outputs_differ(dtype: torch.dtype) -> None:
-    """The same matrix without the mode: in float32 every architecture differs somewhere; in
-    bfloat16 (whose logits round away most of the last bits) the architectures together do."""
-    total = 0
+def test_without_the_mode_outputs_differ() -> None:
+    """The same matrix without the mode, float32: every architecture differs somewhere. (In
+    bfloat16 the tiny models' logits round these differences away; SmolLM2 shows them.)"""
     for name in ("llama", *ARCHITECTURES):
-        ex, vocab = tiny(name, dtype)
-        found = sum(differences(ex, vocab, False, tuple(SCENARIOS)).values())
-        if dtype == torch.float32:
-            assert found > 0, name
-        total += found
-    assert total > 0
+        ex, vocab = tiny(name, torch.float32)
+        assert sum(differences(ex, vocab, False, tuple(SCENARIOS)).values()) > 0, name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_smollm2_subset(dtype: str) -> None:
-    """SmolLM2-135M on the quick subset (and 31 companions): bitwise equal with the mode; without
-    it, float32 differs (bf16 may hide it in its logits' rounding)."""
+    """SmolLM2-135M on the quick subset (and 31 companions): bitwise equal with the mode, and
+    different without it."""
     ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
     scenarios = (*QUICK, "companions-31")
     assert differences(ex, 1000, True, scenarios) == {name: 0 for name in (*scenarios, "prefix-hit")}
-    if dtype == "float32":
-        assert sum(differences(ex, 1000, False, ("companions-7", "chunk-16")).values()) > 0
+    assert sum(differences(ex, 1000, False, scenarios).values()) > 0
 
 
 def test_mixture_of_experts_refused_in_the_mode() -> None:
