@@ -26,7 +26,10 @@ def test_compare_says_the_policies_outputs_are_identical(folder, tmp_path, capsy
     argv = ["compare", *TINY_RUN, "--model", folder, "--policies", "fcfs,srpt", "--workload", "mixed-64",
             "--groups", "1", "--length-scale", "0.1", "--max-requests", "12", "--json", str(out_json)]
     assert main(argv) == 0
-    assert "deterministic: every policy produced identical outputs for all 12 requests" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "deterministic: every policy produced identical outputs for all 12 requests" in out
+    (row,) = [line for line in out.splitlines() if line.strip("│┃ ").startswith("outputs")]
+    assert "reference (12)" in row and "identical" in row
     doc = json.loads(out_json.read_text())
     assert doc["outputs_check"]["identical"] is True and doc["outputs_check"]["requests"] == 12
     fcfs, srpt = (run["output_digests"] for run in doc["runs"])

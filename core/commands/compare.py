@@ -188,11 +188,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             doc["slo"] = evaluate(s.records, bounds, doc["summary"]["duration_s"])
     n = len(labels)
     if seeds is None:
-        report.print_comparison_table(docs)
         if any("output_digests" in doc for doc in docs):  # deterministic on a real model
-            from ..experiments.output_digests import compare_outputs, format_outputs_check
+            from ..experiments.output_digests import compare_outputs, format_outputs_check, mark_documents
 
+            mark_documents(docs)
             outputs_check = compare_outputs(labels, docs)
+        report.print_comparison_table(docs)
+        if any("output_digests" in doc for doc in docs):
             print(format_outputs_check(outputs_check), end="")
         if spec is not None:
             from .cluster_run import format_cluster

@@ -34,6 +34,17 @@ def compare_outputs(labels: list[str], docs: list[dict[str, Any]]) -> dict[str, 
             "num_differing": len(differing)}
 
 
+def mark_documents(docs: list[dict[str, Any]]) -> None:
+    """Give each run's document its table cell `outputs`: the first run is the reference, each
+    other says whether its outputs are those of the first, request by request."""
+    first = docs[0].get("output_digests") or {}
+    docs[0]["outputs"] = f"reference ({len(first)})"
+    for doc in docs[1:]:
+        own = doc.get("output_digests") or {}
+        differ = sum(own.get(rid) != first.get(rid) for rid in set(first) | set(own))
+        doc["outputs"] = "identical" if not differ else f"{differ} differ"
+
+
 def format_outputs_check(check: dict[str, Any]) -> str:
     """The line `compare` prints under its table."""
     if check["identical"]:
