@@ -29,7 +29,7 @@ import torch
 
 from .reference_attention import write_kv
 
-__all__ = ["KV_SPLIT", "RowLayout", "attend", "plan_step", "tree_sum", "write_kv"]
+__all__ = ["KV_SPLIT", "RowLayout", "attend", "plan_step", "rows_of", "tree_sum", "write_kv"]
 
 KV_SPLIT = 32
 """Key positions per split: the fixed reduction order of every row (a power of two)."""
@@ -78,19 +78,24 @@ class RowLayout:
         return mask
 
 
+def rows_of(seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For packed rows (sequence `s` owns rows `query_start_loc[s]:query_start_loc[s+1]`, the last
+    positions of its context `seq_lens[s]`): each row's sequence and position, int64 `[rows]`."""
+    starts = query_start_loc.long()
+    q_lens = starts[1:] - starts[:-1]
+    seq_of_row = torch.repeat_interleave(torch.arange(seq_lens.shape[0], device=starts.device), q_lens)
+    rows = torch.arange(seq_of_row.shape[0], device=starts.device)
+    return seq_of_row, (seq_lens.long() - q_lens)[seq_of_row] + rows - starts[:-1][seq_of_row]
+
+
 def plan_step(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, block_size: int
 ) -> RowLayout:
     """The `RowLayout` of packed rows: sequence `s` owns rows `query_start_loc[s]:query_start_loc[s+1]`
     at the last positions of its context `seq_lens[s]`, reading blocks `block_tables[s]`."""
     dev = block_tables.device
-    starts = query_start_loc.long()
-    q_lens = starts[1:] - starts[:-1]
-    lens = seq_lens.long()
-    seq_of_row = torch.repeat_interleave(torch.arange(len(lens), device=dev), q_lens)
+    seq_of_row, positions = rows_of(seq_lens, query_start_loc)
     rows = seq_of_row.shape[0]
-    first = (lens - q_lens)[seq_of_row]
-    positions = first + torch.arange(rows, device=dev) - starts[:-1][seq_of_row]
     splits = -(-(int(positions.max()) + 1) // KV_SPLIT) if rows else 0
     key_pos = torch.arange(splits * KV_SPLIT, device=dev).view(splits, KV_SPLIT)
     column = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .invariant_attention import rows_of
 from .triton_attention import paged_attention, write_kv
 
 __all__ = ["KV_SPLIT", "RowSequences", "attend", "plan_step", "write_kv"]
@@ -46,15 +47,9 @@ def plan_step(
 ) -> RowSequences:
     """The rows of packed sequences (sequence `s` owns rows `query_start_loc[s]:query_start_loc[s+1]`,
     the last positions of its context `seq_lens[s]`) as one-token sequences."""
-    dev = block_tables.device
-    starts = query_start_loc.long()
-    q_lens = starts[1:] - starts[:-1]
-    seq_of_row = torch.repeat_interleave(torch.arange(seq_lens.shape[0], device=dev), q_lens)
-    rows = seq_of_row.shape[0]
-    row_in_seq = torch.arange(rows, device=dev) - starts[:-1][seq_of_row]
-    lens = (seq_lens.long() - q_lens)[seq_of_row] + row_in_seq + 1
-    return RowSequences(block_tables[seq_of_row].contiguous(), lens.to(torch.int32),
-                        torch.arange(rows + 1, dtype=torch.int32, device=dev))
+    seq_of_row, positions = rows_of(seq_lens, query_start_loc)
+    return RowSequences(block_tables[seq_of_row].contiguous(), (positions + 1).to(torch.int32),
+                        torch.arange(seq_of_row.shape[0] + 1, dtype=torch.int32, device=block_tables.device))
 
 
 def attend(
