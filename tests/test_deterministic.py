@@ -159,11 +159,30 @@ def test_mixture_of_experts_refused_in_the_mode() -> None:
 
 
 def test_padding_rows_write_only_the_scratch_block() -> None:
-    """A step of 3 tokens pads its tile with 29 rows: they write the block past the pool's, never
-    a block of the pool (which stays as the real tokens left it)."""
+    """A step of 3 tokens pads its tile with 29 rows: they write the first block past the pool's,
+    never a block of the pool, nor the last (the zeros read in place of keys past a row's own)."""
     ex = TorchExecutor(tiny_llama())
     eng = Engine(EngineConfig(num_blocks=4, block_size=16, deterministic=True), ex)
-    assert ex.kv.num_blocks == 5 and ex.describe()["deterministic"] is True
+    assert ex.kv.num_blocks == 6 and ex.describe()["deterministic"] is True
     eng.generate([request(0, [5, 6, 7])])
     written = (ex.kv.k.abs().sum(dim=(0, 2, 3, 4)) > 0).tolist()  # per block
-    assert sum(written[:4]) == 1 and written[4]  # its own block, and the scratch one
+    assert sum(written[:4]) == 1 and written[4:] == [True, False]  # its own block, the scratch one
+
+
+@pytest.mark.parametrize("name", ["llama", *ARCHITECTURES])
+def test_the_mode_is_the_same_model(name: str) -> None:
+    """Greedy tokens in the mode, chunked (chunks of 5) with 9 companions, are HF `generate`'s
+    one prompt at a time (float32, eager): batch invariance does not change what is computed."""
+    from test_model_support import MAX_NEW as SUPPORT_NEW
+    from test_model_support import hf_greedy_each
+    from test_model_support import prompts_for as support_prompts
+
+    case = {c.name: c for c in CASES}[name]
+    model = build(case)
+    plain, _ = support_prompts(case, seed=1)
+    refs = hf_greedy_each(model, plain)
+    eng = Engine(EngineConfig(num_blocks=256, block_size=8, max_prefill_chunk=5, max_num_batched_tokens=64,
+                              deterministic=True), TorchExecutor(model))
+    results = eng.generate({"request_id": str(i), "prompt_token_ids": p, "sampling": {
+        "max_new_tokens": SUPPORT_NEW, "temperature": 0.0, "ignore_eos": True}} for i, p in enumerate(plain))
+    assert [results[str(i)][0].output_token_ids for i in range(len(plain))] == refs

@@ -120,15 +120,16 @@ class TorchExecutor:
 
     def bind(self, config: Any) -> None:
         """Allocate the KV blocks for an engine's pool (replacing any earlier allocation); the
-        clock starts at 0 here. With `config.deterministic`, one more block past the pool's holds
-        what the padding rows of `invariant_step` write."""
+        clock starts at 0 here. With `config.deterministic`, two more blocks past the pool's: one
+        for what the padding rows of `invariant_step` write, and the last, never written, the
+        zeros its attention reads in place of keys past a row's position."""
         self.kv = None
         self.deterministic = bool(getattr(config, "deterministic", False))
         if self.deterministic:
             invariant_step.check_model(self.model.config)
             self._invariant_ops = invariant_step.attention_ops(self.device)
         self.kv = PagedKVCache(
-            self.num_layers, config.num_blocks + self.deterministic, config.block_size, self.num_kv_heads,
+            self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,
             self.head_dim, self.dtype, self.device, config.swap_space_blocks,
         )
         self.stats = ExecutorStats()
@@ -168,7 +169,7 @@ class TorchExecutor:
     def _forward(self, plan: StepPlan) -> torch.Tensor:
         if self.deterministic:
             return invariant_step.forward_tiles(self.model, plan, self.kv, self._invariant_ops,
-                                                self.kv.num_blocks - 1)
+                                                self.kv.num_blocks - 2)
         bs = plan.block_size
         ids: list[int] = []
         positions: list[int] = []

@@ -13,8 +13,11 @@ prompt or of a chunk) or a decode row: every row reduces over its context in one
   pairwise tree of halves written out (`tree_sum`).
 - Splits past a row's own position are fully masked and leave its running max, sum and output
   bit for bit unchanged (a scale of exp(0) = 1, adds of exact zeros), so a row attends the same
-  whether its companions have longer contexts or not. Masked keys' values are zeroed before the
-  product, so stale or future slots never reach the output.
+  whether its companions have longer contexts or not. Key positions after a row's own read the
+  last slot of the cache instead of theirs (slot -1: a block past the pool's that nothing
+  writes, all zeros), so stale or future keys and values never reach a row's sums.
+- Keys and values are gathered head-major (`[kv_heads, rows, split, head_dim]`), so both products
+  run on them as they are, without a copy.
 - Statistics and output accumulate in float32 (bf16/fp16 caches are widened), softmax online with
   the running max; an attention sink starts the running sum (its logit is the first "key").
 
@@ -52,7 +55,8 @@ class RowLayout:
 
     - `positions: int64 [rows]`: each row's position (it sees keys up to it).
     - `slots: int64 [splits, rows, KV_SPLIT]`: the cache slot of each key position of each split,
-      through the row's block table (columns past its table repeat a valid block: masked anyway).
+      through the row's block table; -1 (the cache's last slot, never written) past the row's
+      position.
     - `key_pos: int64 [splits, KV_SPLIT]`: the absolute position of each key of each split.
     `visible(window)` gives the `[splits, rows, KV_SPLIT]` mask of a layer with that sliding window
     (None: full causal), made once per tile.
@@ -101,7 +105,8 @@ def plan_step(
     column = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
     tables = block_tables.long()[seq_of_row]  # [rows, width]
     blocks = tables[:, column.reshape(-1)].view(rows, splits, KV_SPLIT)
-    slots = (blocks * block_size + (key_pos % block_size)[None]).transpose(0, 1).contiguous()
+    slots = (blocks * block_size + (key_pos % block_size)[None]).transpose(0, 1)
+    slots = slots.masked_fill(key_pos[:, None, :] > positions[None, :, None], -1).contiguous()
     return RowLayout(positions, slots, key_pos)
 
 
@@ -115,34 +120,32 @@ def attend(
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    qf = q.float().reshape(rows, num_kv_heads, group, head_dim)
-    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
-    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    qf = q.float().reshape(rows, num_kv_heads, group, head_dim).transpose(0, 1)  # [kv_heads, rows, group, dim]
+    heads_k = k_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)  # [kv_heads, slots, dim]
+    heads_v = v_cache.view(-1, num_kv_heads, head_dim).transpose(0, 1)
     visible = layout.visible(window)
-    shape = (rows, num_kv_heads, group)
+    shape = (num_kv_heads, rows, group)
     if sinks is not None:  # the sink is the first logit: it starts the max and the sum, no value
-        m = sinks.float().view(1, num_kv_heads, group).expand(shape).clone()
+        m = sinks.float().view(num_kv_heads, 1, group).expand(shape).clone()
         l_sum = torch.ones(shape, device=q.device)
     else:
         m = torch.full(shape, -torch.inf, device=q.device)
         l_sum = torch.zeros(shape, device=q.device)
-    acc = torch.zeros(rows, num_kv_heads, group, head_dim, device=q.device)
+    acc = torch.zeros(num_kv_heads, rows, group, head_dim, device=q.device)
     for i in range(layout.slots.shape[0]):
         slots = layout.slots[i]
-        vis = visible[i][:, None, None, :]  # [rows, 1, 1, split]
-        k = flat_k[slots].float().permute(0, 2, 3, 1)  # [rows, kv_heads, dim, split]
-        v = flat_v[slots].float().transpose(1, 2)  # [rows, kv_heads, split, dim]
-        s = torch.matmul(qf, k) * scale  # [rows, kv_heads, group, split]
+        k = heads_k[:, slots].float()  # [kv_heads, rows, split, dim]
+        v = heads_v[:, slots].float()
+        s = torch.matmul(qf, k.transpose(-1, -2)) * scale  # [kv_heads, rows, group, split]
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
-        s = s.masked_fill(~vis, -torch.inf)
+        s = s.masked_fill(~visible[i][None, :, None, :], -torch.inf)
         m_new = torch.maximum(m, s.amax(dim=-1))  # a max is exact in any order
         base = torch.where(m_new == -torch.inf, 0.0, m_new)  # rows that have seen nothing yet
         alpha = torch.exp(m - base)
         p = torch.exp(s - base[..., None])
         l_sum = l_sum * alpha + tree_sum(p)
-        v = v.masked_fill(~visible[i][:, None, :, None], 0.0)
         acc = acc * alpha[..., None] + torch.matmul(p, v)
         m = m_new
-    out = acc / l_sum[..., None]
+    out = (acc / l_sum[..., None]).transpose(0, 1)
     return out.reshape(rows, num_heads, head_dim).to(q.dtype)

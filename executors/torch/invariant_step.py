@@ -6,7 +6,9 @@ from the shapes it is given: one decode alone (one row) and the same decode amon
 through different kernels and sum in different orders, so their logits differ in the last bits
 (and, over a long generation or at bf16, in tokens). Here every forward of the model has exactly
 `TILE_TOKENS` rows: a step's packed tokens (prefill chunks and decodes, in plan order) are cut into
-tiles of that many, the last one padded with rows that write only a scratch block. Every kernel then
+tiles of that many, the last one padded with rows that write only a scratch block (the first of
+the two blocks the executor allocates past the pool's; the second stays zeros, see
+`invariant_attention`). Every kernel then
 sees the same shapes whatever the batch, and a row's result does not depend on the other rows'
 values nor on its place in the tile (a fixed-shape GEMM runs one blocking for every row); attention
 is `invariant_attention` (CPU) or `triton_invariant` (CUDA), which reduce each row over its context
