@@ -124,10 +124,11 @@ class TorchExecutor:
         for what the padding rows of `invariant_step` write, and the last, never written, the
         zeros its attention reads in place of keys past a row's position."""
         self.kv = None
-        self.deterministic = bool(getattr(config, "deterministic", False))
-        if self.deterministic:
+        deterministic = bool(getattr(config, "deterministic", False))
+        if deterministic:
             invariant_step.check_model(self.model.config)
             self._invariant_ops = invariant_step.attention_ops(self.device)
+        self.deterministic = deterministic
         self.kv = PagedKVCache(
             self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,
             self.head_dim, self.dtype, self.device, config.swap_space_blocks,
