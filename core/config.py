@@ -91,6 +91,10 @@ class EngineConfig(BaseModel):
       has no such rule (its fcfs and priority victims cannot livelock: the first running request,
       or the most urgent, is never another's victim), and the vllm preset turns it off; with
       plugins that may livelock, keep it on.
+    - `deterministic` (default False): batch-invariant numerics on a real executor (the torch
+      executor's `invariant_step`): a request's tokens and logprobs are bitwise the same whatever
+      its companions, its chunking, its place in the batch, the policy, preemptions and prefix
+      hits, at a throughput cost. The simulated executor has no numbers to fix and ignores it.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -121,6 +125,7 @@ class EngineConfig(BaseModel):
     admission_gate: AdmissionGate = "full_prompt"
     prefix_match: PrefixMatch = "block"
     protect_stalled: bool = True
+    deterministic: bool = False
     preset: str | None = None
 
     @model_validator(mode="before")

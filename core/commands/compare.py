@@ -270,7 +270,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             doc["slo"] = evaluate(s.records, bounds, doc["summary"]["duration_s"])
     n = len(labels)
     if seeds is None:
+        if any("output_digests" in doc for doc in docs):  # deterministic on a real model
+            from ..experiments.output_digests import compare_outputs, format_outputs_check, mark_documents
+
+            mark_documents(docs)
+            outputs_check = compare_outputs(labels, docs)
         report.print_comparison_table(docs)
+        if any("output_digests" in doc for doc in docs):
+            print(format_outputs_check(outputs_check), end="")
         if spec is not None:
             from .cluster_run import format_cluster
 
@@ -279,6 +286,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
+    if seeds is None and any("output_digests" in doc for doc in docs):
+        result["outputs_check"] = outputs_check
     if args.aa is not None:
         from ..results.aa import aa_tables, false_verdict_rates, format_aa
 

@@ -63,6 +63,9 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--preemption", choices=("recompute", "swap"), dest="preemption_mode",
                    help="a preempted request's KV is freed and recomputed, or swapped to the host "
                    f"{_default('preemption_mode')}")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="torch executor: batch-invariant numerics, a request's tokens and logprobs bitwise the "
+                   "same whatever its companions, chunking and preemptions, at a throughput cost (default: off)")
     p.add_argument("--seed", type=int, help=f"seed of the synthetic workloads and of sampling {_default('seed')}")
     p.add_argument("--preset", help="a bundle of scheduler options that reproduces a real engine "
                    "(vllm); explicit flags and config keys override it (default: none)")

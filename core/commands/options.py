@@ -58,7 +58,8 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         fields.update(data)
     for key in ("policy", "max_num_seqs", "max_num_batched_tokens", "max_prefill_chunk", "max_prefill_chunk_adaptive",
                 "max_model_len",
-                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset"):
+                "block_size", "num_blocks", "swap_space_blocks", "preemption_mode", "seed", "debug", "preset",
+                "deterministic"):
         value = getattr(args, key, None)
         if value is not None:
             fields[key] = value

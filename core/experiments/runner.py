@@ -41,11 +41,19 @@ def run_workload(
     `metrics.result_document`) and the engine. `progress`: as `replay`'s. `oracle_lengths` tells policies each request's
     true output length (`expected_output_tokens`); the result says so in its `workload` field.
     `measure`: a warm-up and horizon (`metroline.core.results.horizon`); the replay stops at the horizon."""
+    digests = None
+    if config.deterministic and hasattr(executor, "kv_bytes_per_token"):  # a real executor's outputs
+        from .output_digests import OutputDigests
+
+        digests = OutputDigests()
+        plugins = [*(plugins or ()), digests]
     engine = Engine(config, executor, plugins=plugins or (), retain_finished=False)
     until = measure.stop_s if measure is not None else math.inf
     wall_s = replay(engine, workload, oracle_lengths=oracle_lengths, vocab_size=vocab_size, progress=progress,
                     until_s=until)
     doc = result_of(engine, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s, measure=measure)
+    if digests is not None:
+        doc["output_digests"] = digests.digests
     return doc, engine
 
 

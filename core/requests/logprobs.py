@@ -13,10 +13,11 @@ from typing import Any
 from .sequence import Sequence
 
 
-def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int]) -> None:
+def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int], rowwise: bool = False) -> None:
     """Append to each `seq.logprobs` that is not None the log-probability of `tokens[i]` under
     row i of `logits` and the `seq.sampling.logprobs` most likely tokens with theirs. Nothing
-    without logits (a simulated executor)."""
+    without logits (a simulated executor). `rowwise` (the deterministic mode) computes each row
+    alone, on a `[1, vocab]` tensor, so its numbers do not depend on how many rows asked."""
     if logits is None:
         return
     rows = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
@@ -24,6 +25,10 @@ def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int]) -> Non
         return
     import torch
 
+    if rowwise and len(rows) > 1:
+        for i in rows:
+            record_logprobs([seqs[i]], logits[i:i + 1], [tokens[i]])
+        return
     with torch.no_grad():
         index = torch.tensor(rows, device=logits.device)
         lp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)

@@ -226,6 +226,8 @@ def _comparison_table(docs: list[dict]) -> Any:
     ]
     if any(labels := [cost_model_label(d.get("executor")) for d in docs]):
         rows.append(("cost model", [label or "-" for label in labels]))
+    if any("outputs" in d for d in docs):  # deterministic runs of a real model (`output_digests`)
+        rows.append(("outputs", [d.get("outputs", "-") for d in docs]))
     for label, key, fmt in HEADLINE:
         if key in ONLY_WHEN_PRESENT and not any(key in d["summary"] for d in docs):
             continue

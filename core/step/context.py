@@ -149,6 +149,13 @@ class StepContext:
         return len(self.waiting)
 
     @property
+    def deterministic(self) -> bool:
+        """Whether the engine runs in the deterministic mode (`EngineConfig.deterministic`): a
+        `sample` plugin should then draw each row alone (never from a generator the rows share),
+        as the default sampler does, so a request's tokens do not depend on its companions."""
+        return self.config.deterministic
+
+    @property
     def block_size(self) -> int:
         """Tokens per KV block."""
         return self._pool.block_size

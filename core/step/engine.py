@@ -254,7 +254,7 @@ class Engine(Intake):
         if problem is not None:
             failures.clear()
             raise self.plugins.invalid("sample", problem)
-        record_logprobs(seqs, logits, tokens)
+        record_logprobs(seqs, logits, tokens, self.config.deterministic)
         if failures:
             seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self._appender.append(seqs, tokens, now, outputs)

@@ -4,7 +4,9 @@ A step's block ops (copy-on-write copies, swaps) run first, in plan order; then 
 and decodes run as one packed forward (batch 1, explicit positions, no padding), and the LM head
 runs only on the last token of each sequence in `plan.sample_seqs`. On CPU in float32 the model's
 linear layers run through oneDNN on prepacked weights during a step (`linear.py`; the model object
-is otherwise unchanged and keeps serving `generate` with torch's own kernels).
+is otherwise unchanged and keeps serving `generate` with torch's own kernels). Under
+`EngineConfig.deterministic` the forward runs in fixed tiles with batch-invariant attention and
+sampling (`invariant_step`), so a request's tokens and logprobs do not depend on its companions.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import torch
 
 from ...core.step.plan import StepPlan, StepResult
 from ..base import ExecutorStats
-from . import attention, linear, support
+from . import attention, invariant_step, linear, support
 from .kv_cache import PagedKVCache, kv_bytes_per_token
+from .invariant_sampling import RowwiseTorchSampler
 from .sampling import TorchSampler
 
 CPU_KV_BUDGET = 1 << 30
@@ -36,7 +39,6 @@ class TorchExecutor:
     """
 
     name = "torch"
-    sampler_class = TorchSampler
     sample_mode = torch.inference_mode
     """The mode the engine calls the `sample` hook in: the logits are inference tensors, so a
     wrapper that masks them in place (the pre-0.2 way; `ctx.ban_tokens` is the portable one) may."""
@@ -72,8 +74,15 @@ class TorchExecutor:
         support.probe(model, self.num_layers, self.num_kv_heads, self.head_dim, self.ops)
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
+        self.deterministic = False
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
+
+    @property
+    def sampler_class(self) -> type[TorchSampler]:
+        """The default `sample` hook's sampler for this executor's logits tensors (row by row in
+        the deterministic mode)."""
+        return RowwiseTorchSampler if self.deterministic else TorchSampler
 
     @classmethod
     def from_options(
@@ -115,11 +124,18 @@ class TorchExecutor:
 
     def bind(self, config: Any) -> None:
         """Allocate the KV blocks for an engine's pool (replacing any earlier allocation); the
-        clock starts at 0 here."""
+        clock starts at 0 here. With `config.deterministic`, two more blocks past the pool's: one
+        for what the padding rows of `invariant_step` write, and the last, never written, the
+        zeros its attention reads in place of keys past a row's position."""
         self.kv = None
+        deterministic = bool(getattr(config, "deterministic", False))
+        if deterministic:
+            invariant_step.check_model(self.model.config)
+            self._invariant_ops = invariant_step.attention_ops(self.device)
+        self.deterministic = deterministic
         self.kv = PagedKVCache(
-            self.num_layers, config.num_blocks, config.block_size, self.num_kv_heads, self.head_dim,
-            self.dtype, self.device, config.swap_space_blocks,
+            self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,
+            self.head_dim, self.dtype, self.device, config.swap_space_blocks,
         )
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
@@ -156,6 +172,9 @@ class TorchExecutor:
         return StepResult(end, logits)
 
     def _forward(self, plan: StepPlan) -> torch.Tensor:
+        if self.deterministic:
+            return invariant_step.forward_tiles(self.model, plan, self.kv, self._invariant_ops,
+                                                self.kv.num_blocks - 2)
         bs = plan.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -213,6 +232,7 @@ class TorchExecutor:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "attention": self.ops.__name__.rsplit(".", 1)[-1],
             "linear": "onednn" if self.onednn_linears else "torch",
+            "deterministic": self.deterministic,
             **self.stats.as_dict(),
         }
 

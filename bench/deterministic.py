@@ -1,0 +1,81 @@
+"""The deterministic mode's throughput cost on the torch executor: output tokens per second of the
+same workload with and without `deterministic = true`, on SmolLM2-135M (or `--model`).
+
+Workload: `--requests` requests (default 32), greedy, EOS off, random prompts of 32..`--prompt-len`
+tokens and `--max-new` output tokens (default 32), all arriving at once, fcfs, chunked prefill of
+the default 2,048-token budget. Each mode first runs a short warm-up (not timed). The table gives
+wall seconds, the process's CPU seconds over the same interval, output tokens per wall second and
+per CPU second, and the mode's cost (the slowdown, by wall and by CPU time: on a machine shared
+with other work the CPU figures are the ones to read). Token counts are checked (every request produced `--max-new` tokens).
+The script re-executes itself with the allocator settings of `MALLOC_ENV` when they are missing.
+
+Run:  python bench/deterministic.py [--model smollm2] [--dtype float32] [--threads N] [--requests 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
+              "MALLOC_TOP_PAD_": "536870912"}
+
+
+def requests(n: int, prompt_len: int, max_new: int, vocab: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"request_id": str(i), "prompt_token_ids": [rng.randrange(vocab) for _ in range(rng.randint(32, prompt_len))],
+             "sampling": {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True}} for i in range(n)]
+
+
+def timed(ex, reqs: list[dict], deterministic: bool) -> tuple[float, float, int]:
+    from metroline.core.config import EngineConfig
+    from metroline.core.step.engine import Engine
+
+    eng = Engine(EngineConfig(num_blocks=4096, block_size=16, deterministic=deterministic), ex)
+    eng.generate(reqs[:2])  # warm-up
+    eng = Engine(EngineConfig(num_blocks=4096, block_size=16, deterministic=deterministic), ex)
+    wall, cpu = time.perf_counter(), time.process_time()
+    results = eng.generate(reqs)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tokens = sum(len(s.output_token_ids) for seqs in results.values() for s in seqs)
+    return wall, cpu, tokens
+
+
+def main() -> None:
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--max-new", type=int, default=32)
+    args = p.parse_args()
+    import torch
+
+    from metroline.executors.torch import TorchExecutor
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ex = TorchExecutor.from_options(model=args.model, dtype=args.dtype, device="cpu")
+    reqs = requests(args.requests, args.prompt_len, args.max_new, ex.vocab_size)
+    print(f"{args.model} {args.dtype}, {torch.get_num_threads()} threads, {args.requests} requests, prompts "
+          f"32..{args.prompt_len} tokens, {args.max_new} output tokens each")
+    print(f"{'mode':<15}{'wall s':>9}{'cpu s':>9}{'tokens/s':>10}{'tokens/cpu s':>14}")
+    rates, cpu_rates = {}, {}
+    for deterministic in (False, True):
+        wall, cpu, tokens = timed(ex, reqs, deterministic)
+        assert tokens == args.requests * args.max_new, tokens
+        name = "deterministic" if deterministic else "default"
+        rates[name], cpu_rates[name] = tokens / wall, tokens / cpu
+        print(f"{name:<15}{wall:>9.2f}{cpu:>9.2f}{rates[name]:>10.1f}{cpu_rates[name]:>14.1f}")
+    print(f"cost: {rates['default'] / rates['deterministic']:.2f}x slower by wall time, "
+          f"{cpu_rates['default'] / cpu_rates['deterministic']:.2f}x by CPU time, in the deterministic mode")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The deterministic mode (`EngineConfig.deterministic`): a request's tokens and logprobs are bitwise
+the ones it gets alone, whatever its companions (1, 7, 31), its prompt's chunking (16, 64 tokens,
+whole), its place in the batch, preemption by recompute and by swap, a prefix hit, and the policy
+(fcfs, srpt), in float32 and bfloat16, on SmolLM2 and on tiny random models of three more
+architectures of the support matrix (Qwen3's q/k norms, Gemma2's softcaps and sliding window,
+GPT-NeoX's layer norms and parallel residual). Logprobs are compared by their bits, not with a
+tolerance. Without the mode, the same runs differ (so these tests can fail).
+
+Half of the requests are greedy, half draw (temperature 0.8, top_p 0.9), seeded or not (an
+unseeded one draws from a stream keyed on its request id in the mode).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+import pytest
+import torch
+from test_model_support import CASES, build
+from torch_helpers import tiny_llama
+
+from metroline.core.config import EngineConfig
+from metroline.core.step.engine import Engine
+from metroline.executors.torch import TorchExecutor
+from metroline.executors.torch.support import UnsupportedModel
+
+MAX_NEW = 6
+BASE = dict(num_blocks=512, block_size=16)
+SCENARIOS: dict[str, tuple[int, dict[str, Any]]] = {
+    # name: (how many of the prompts run together, the engine's settings)
+    "companions-1": (2, {}),
+    "companions-7": (8, {}),
+    "companions-31": (32, {}),
+    "reversed-7": (-8, {}),  # the same 8 in reverse order: other places in the batch
+    "chunk-16": (8, dict(max_prefill_chunk=16)),
+    "chunk-64": (32, dict(max_prefill_chunk=64)),
+    "recompute": (16, dict(num_blocks=24)),
+    "swap": (16, dict(num_blocks=24, preemption_mode="swap", swap_space_blocks=256)),
+    "srpt-31": (32, dict(policy="srpt")),
+    "srpt-chunk-16": (8, dict(policy="srpt", max_prefill_chunk=16)),
+}
+QUICK = ("companions-7", "chunk-16", "recompute", "swap")
+ARCHITECTURES = ("qwen3", "gemma2", "gpt_neox")
+
+
+def prompts_for(vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 80))] for _ in range(32)]
+
+
+def request(i: int, prompt: list[int]) -> dict[str, Any]:
+    sampling: dict[str, Any] = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "logprobs": 1}
+    if i % 2:
+        sampling.update(temperature=0.8, top_p=0.9, seed=i if i % 4 == 1 else None)
+    else:
+        sampling.update(temperature=0.0)
+    return {"request_id": str(i), "prompt_token_ids": prompt, "sampling": sampling}
+
+
+def fingerprint(seq: Any) -> tuple:
+    """A sequence's tokens and the exact bits of every logprob (chosen and top-1)."""
+    bits = tuple(struct.pack("<dd", chosen, top[0][1]) for chosen, top in seq.logprobs)
+    return tuple(seq.output_token_ids), bits
+
+
+def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], deterministic: bool, **settings: Any) -> tuple[dict, list]:
+    eng = Engine(EngineConfig(**{**BASE, **settings, "deterministic": deterministic}), ex)
+    results = eng.generate(request(i, p) for i, p in items)
+    eng.pool.check_invariants([])
+    seqs = [s for v in results.values() for s in v]
+    return {s.request_id: fingerprint(s) for s in seqs}, seqs
+
+
+def prefix_case(ex: TorchExecutor, vocab: int, deterministic: bool) -> int:
+    """A prompt whose first 40 tokens another request computed before (a prefix hit) against the
+    same prompt alone in a fresh engine; returns 1 when they differ."""
+    rng = random.Random(7)
+    head = [rng.randrange(vocab) for _ in range(40)]
+    first, second = head + [1, 2, 3], head + [rng.randrange(vocab) for _ in range(13)]
+    alone, _ = run(ex, [(5, second)], deterministic)
+    eng = Engine(EngineConfig(**BASE, deterministic=deterministic), ex)
+    eng.generate([request(4, first)])
+    results = eng.generate([request(5, second)])
+    (seq,) = results["5"]
+    assert seq.num_cached_prompt_tokens >= 32  # two whole blocks of 16 came from the cache
+    return int(fingerprint(seq) != alone["5"])
+
+
+def differences(ex: TorchExecutor, vocab: int, deterministic: bool, scenarios: tuple[str, ...]) -> dict[str, int]:
+    """For each scenario, how many requests' fingerprints differ from the same request run alone."""
+    prompts = prompts_for(vocab)
+    needed = max(abs(SCENARIOS[name][0]) for name in scenarios)
+    alone = {}
+    for i in range(needed):
+        alone.update(run(ex, [(i, prompts[i])], deterministic)[0])
+    found = {}
+    for name in scenarios:
+        count, settings = SCENARIOS[name]
+        items = list(enumerate(prompts[:abs(count)]))
+        got, seqs = run(ex, items[::-1] if count < 0 else items, deterministic, **settings)
+        if name in ("recompute", "swap"):
+            assert sum(s.num_preemptions for s in seqs) > 0, f"{name}: nothing was preempted"
+        # without the mode an unseeded draw differs by design (a generator the rows share): only
+        # greedy and seeded requests count there, so a difference is one of numbers
+        counted = [rid for rid in got if deterministic or int(rid) % 4 != 3]
+        found[name] = sum(got[rid] != alone[rid] for rid in counted)
+    found["prefix-hit"] = prefix_case(ex, vocab, deterministic)
+    return found
+
+
+def tiny(name: str, dtype: torch.dtype) -> tuple[TorchExecutor, int]:
+    case = {c.name: c for c in CASES}[name]
+    return TorchExecutor(build(case).to(dtype)), case.config["vocab_size"]
+
+
+def test_quick_matrix_tiny_llama() -> None:
+    """The quick subset on the tiny Llama (float32): bitwise equal with the mode, not without."""
+    ex = TorchExecutor(tiny_llama())
+    assert differences(ex, 128, True, QUICK) == {name: 0 for name in (*QUICK, "prefix-hit")}
+    assert sum(differences(ex, 128, False, QUICK).values()) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["llama", *ARCHITECTURES])
+def test_full_matrix_tiny_models(name: str, dtype: torch.dtype) -> None:
+    ex, vocab = tiny(name, dtype)
+    assert differences(ex, vocab, True, tuple(SCENARIOS)) == {n: 0 for n in (*SCENARIOS, "prefix-hit")}
+
+
+@pytest.mark.slow
+def test_without_the_mode_outputs_differ() -> None:
+    """The same matrix without the mode, float32: every architecture differs somewhere. (In
+    bfloat16 the tiny models' logits round these differences away; SmolLM2 shows them.)"""
+    for name in ("llama", *ARCHITECTURES):
+        ex, vocab = tiny(name, torch.float32)
+        assert sum(differences(ex, vocab, False, tuple(SCENARIOS)).values()) > 0, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_subset(dtype: str) -> None:
+    """SmolLM2-135M on the quick subset (and 31 companions): bitwise equal with the mode, and
+    different without it."""
+    ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
+    scenarios = (*QUICK, "companions-31")
+    assert differences(ex, 1000, True, scenarios) == {name: 0 for name in (*scenarios, "prefix-hit")}
+    assert sum(differences(ex, 1000, False, scenarios).values()) > 0
+
+
+def test_mixture_of_experts_refused_in_the_mode() -> None:
+    case = {c.name: c for c in CASES}["mixtral"]
+    ex = TorchExecutor(build(case))
+    with pytest.raises(UnsupportedModel, match=r"^mixtral: deterministic mode: .*num_local_experts=4"):
+        Engine(EngineConfig(**BASE, deterministic=True), ex)
+    Engine(EngineConfig(**BASE), ex)  # without the mode it runs as before
+
+
+def test_padding_rows_write_only_the_scratch_block() -> None:
+    """A step of 3 tokens pads its tile with 29 rows: they write the first block past the pool's,
+    never a block of the pool, nor the last (the zeros read in place of keys past a row's own)."""
+    ex = TorchExecutor(tiny_llama())
+    eng = Engine(EngineConfig(num_blocks=4, block_size=16, deterministic=True), ex)
+    assert ex.kv.num_blocks == 6 and ex.describe()["deterministic"] is True
+    eng.generate([request(0, [5, 6, 7])])
+    written = (ex.kv.k.abs().sum(dim=(0, 2, 3, 4)) > 0).tolist()  # per block
+    assert sum(written[:4]) == 1 and written[4:] == [True, False]  # its own block, the scratch one
+
+
+@pytest.mark.parametrize("name", ["llama", *ARCHITECTURES])
+def test_the_mode_is_the_same_model(name: str) -> None:
+    """Greedy tokens in the mode, chunked (chunks of 5) with 9 companions, are HF `generate`'s
+    one prompt at a time (float32, eager): batch invariance does not change what is computed."""
+    from test_model_support import MAX_NEW as SUPPORT_NEW
+    from test_model_support import hf_greedy_each
+    from test_model_support import prompts_for as support_prompts
+
+    case = {c.name: c for c in CASES}[name]
+    model = build(case)
+    plain, _ = support_prompts(case, seed=1)
+    refs = hf_greedy_each(model, plain)
+    eng = Engine(EngineConfig(num_blocks=256, block_size=8, max_prefill_chunk=5, max_num_batched_tokens=64,
+                              deterministic=True), TorchExecutor(model))
+    results = eng.generate({"request_id": str(i), "prompt_token_ids": p, "sampling": {
+        "max_new_tokens": SUPPORT_NEW, "temperature": 0.0, "ignore_eos": True}} for i, p in enumerate(plain))
+    assert [results[str(i)][0].output_token_ids for i in range(len(plain))] == refs
