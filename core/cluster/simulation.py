@@ -10,23 +10,19 @@ on the requests routed to it (tests/test_cluster.py checks it document for docum
 
 from __future__ import annotations
 
-import gc
 import math
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..config import EngineConfig
-from ..errors import RequestRefused
-from ..experiments.runner import GC_EVERY_STEPS, result_of
+from ..experiments.runner import result_of, submit
 from ..results.canary import ArmSamples, compare_arms
 from ..results.collector import TIME_S, MetricsCollector
 from ..results.horizon import MeasurementWindow, unfinished_records, window_summary
 from ..results.summaries import summarize
+from ..step.driving import GC_EVERY_STEPS, Driver, drive
 from ..step.engine import Engine
 from ..workloads.build import Workload
 from .router import Router, make_router
@@ -36,19 +32,18 @@ from .view import Outstanding, Refuse, RouteRequest
 
 
 class Replica:
-    """One engine of the cluster with what was routed to it."""
+    """One engine of the cluster with what was routed to it; `driver`: the engine under the
+    driving loop."""
 
-    __slots__ = ("engine", "executor", "idle", "outstanding", "parked", "plan", "routed", "seen")
+    __slots__ = ("driver", "engine", "outstanding", "plan", "routed", "seen")
 
-    def __init__(self, plan: ReplicaPlan, engine: Engine) -> None:
+    def __init__(self, plan: ReplicaPlan, engine: Engine, max_idle_steps: int = 1000) -> None:
         self.plan = plan
         self.engine = engine
-        self.executor = engine.executor
+        self.driver = Driver(engine, max_idle_steps)
         self.outstanding = Outstanding()
         self.seen = 0  # records already read (requests ended)
         self.routed = 0
-        self.parked = False  # its last step scheduled nothing: it waits for a wake-up or a request
-        self.idle = 0
 
 
 def spec_of(replicas: int = 1, pools: dict[str, int] | None = None, router: str = DEFAULT_ROUTER,
@@ -101,83 +96,36 @@ def run_cluster(
     plans = spec.plan(config)
     build = executor_of or (lambda plan: make_executor())
     reps = [Replica(p, Engine(p.config, build(p), plugins=plugins(p.index) if plugins else (),
-                              retain_finished=False)) for p in plans]
+                              retain_finished=False), max_idle_steps) for p in plans]
     targets = RouteTargets(spec, plans, lambda i, pos: replica_view(plans[i], pos, reps[i].engine,
                                                                     reps[i].outstanding))
     refused = MetricsCollector(config.max_num_seqs)
     until = measure.stop_s if measure is not None else math.inf
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        wall = _loop(workload.items, reps, targets, router, refused, vocab_size, oracle_lengths, max_idle_steps,
-                     until)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    wall = _loop(workload.items, reps, targets, router, refused, vocab_size, oracle_lengths, until)
     doc = cluster_document(reps, refused, workload, wall, router_name, spec, config, oracle_lengths, window_s,
                            measure)
     return doc, [r.engine for r in reps]
 
 
 def _loop(items: list, reps: list[Replica], targets: RouteTargets, router: Router, refused: MetricsCollector,
-          vocab_size: int, oracle: bool, max_idle_steps: int, until: float) -> float:
-    i, countdown = 0, GC_EVERY_STEPS
-    # nothing arrives from the horizon on (arrivals are in time order)
-    total = len(items) if until == math.inf else bisect_left([it.arrival_s for it in items], until)
+          vocab_size: int, oracle: bool, until: float) -> float:
+    """Replay `items` on the replicas through the one driving loop; returns the wall time."""
+    by_driver = {id(r.driver): r for r in reps}
+
+    def deliver(i: int) -> None:
+        _arrive(items[i], str(i), reps, targets, router, refused, vocab_size, oracle)
+
     wall = time.perf_counter()
-    while True:
-        nxt, t_min = None, math.inf  # the replica that steps next, and its clock
-        for r in reps:
-            if r.parked:
-                t = _wake_time(r.engine)
-                if t is None:
-                    t = math.inf if i < total else r.executor.now()
-            elif r.engine.has_unfinished():
-                t = r.executor.now()
-            else:
-                continue
-            if t < t_min:
-                nxt, t_min = r, t
-        if i < total and items[i].arrival_s <= t_min:
-            _arrive(items[i], str(i), reps, targets, router, refused, vocab_size, oracle)
-            i += 1
-            continue
-        if nxt is None or t_min >= until:
-            break
-        engine = nxt.engine
-        if nxt.parked:
-            nxt.parked = False
-            engine.idle(None)
-        engine.advance()
-        records = engine.metrics.requests
-        if len(records) > nxt.seen:
-            out = nxt.outstanding
-            for rec in records[nxt.seen:]:
+    for driver in drive([r.driver for r in reps], [it.arrival_s for it in items], deliver, until=until,
+                        gc_every=GC_EVERY_STEPS):
+        r = by_driver[id(driver)]
+        records = r.engine.metrics.requests
+        if len(records) > r.seen:
+            out = r.outstanding
+            for rec in records[r.seen:]:
                 out.end(rec.id.partition("#")[0])
-            nxt.seen = len(records)
-        countdown -= 1
-        if not countdown:
-            gc.collect(1)
-            countdown = GC_EVERY_STEPS
-        if engine.last_step_progressed:
-            nxt.idle = 0
-        else:
-            if engine.last_plan_empty:
-                nxt.parked = True
-            if i == total:
-                nxt.idle += 1
-                if engine.is_stalled(nxt.idle, max_idle_steps):
-                    raise engine.stalled(nxt.idle)
+            r.seen = len(records)
     return time.perf_counter() - wall
-
-
-def _wake_time(engine: Engine) -> float | None:
-    """When a replica whose last step scheduled nothing steps again without a new request: the
-    time `Engine.idle` would move its clock to (None: not before a request arrives)."""
-    now = engine.executor.now()
-    pending = engine._pending[0][0] if engine._pending else None
-    ahead = [t for t in (engine.scheduler.ctx.wakeup, pending) if t is not None and t > now]
-    return min(ahead) if ahead else None
 
 
 def _arrive(item: Any, rid: str, reps: list[Replica], targets: RouteTargets, router: Router,
@@ -194,23 +142,9 @@ def _arrive(item: Any, rid: str, reps: list[Replica], targets: RouteTargets, rou
         return
     r = reps[indexes[choice]]
     r.routed += 1
-    engine = r.engine
-    if r.parked:  # as `replay`: an engine whose step scheduled nothing idles to its next arrival
-        r.parked = False
-        engine.idle(item.arrival_s)
-    elif not engine.has_unfinished():
-        r.executor.idle_until(item.arrival_s)
-    problem = engine.length_problem(item.prompt_len, item.output_len)
-    if problem is not None:
-        engine.reject({"request_id": rid, "tenant": item.tenant, "priority": item.priority,
-                       "arrival_time": item.arrival_s, "prompt_token_ids": range(item.prompt_len)}, problem)
-        return
-    try:
-        engine.add_request(data)
-    except (ValidationError, RequestRefused) as exc:
-        engine.reject(data, exc)
-        return
-    r.outstanding.add(rid, item.prompt_len + item.output_len)
+    r.driver.before_arrival(item.arrival_s)
+    if submit(r.engine, item, rid, vocab_size, oracle, data):
+        r.outstanding.add(rid, item.prompt_len + item.output_len)
 
 
 class PooledEngines:
