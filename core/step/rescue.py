@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 class Rescue:
     """Serving the oldest request of `queues` with the whole budget (`config`'s
     `max_num_batched_tokens`), a chunk of `config.prefill_chunk` and the core's own victims
-    (through `room`), admitting it through `admission` when it is not running. `rescues` counts
+    (through `room`), admitting it through `admission` when it is not running. The scheduler
+    calls it when the plugins wanted something served (a running request, or an admission
+    candidate), the step scheduled nothing, and none asked to be woken up later. `rescues` counts
     the steps it served."""
 
     def __init__(
@@ -37,11 +39,6 @@ class Rescue:
         self.room = room
         self.admission = admission
         self.rescues = 0
-
-    def needed(self, step: StepState) -> bool:
-        """The plugins wanted something served (`step.offered`), the step scheduled nothing, and
-        none asked to be woken up later."""
-        return not step.plan.scheduled and step.offered and self.ctx.wakeup is None
 
     def serve(self, step: StepState) -> None:
         """Serve the oldest unfinished request, with the whole budget, a prefill chunk of

@@ -132,8 +132,8 @@ class Scheduler:
             self.admission.admit(step)  # admission, select_victim
         if step.reserves is not None and step.reserves.cut:
             release_reserves(step, self.pool, self.prefix)  # admission did not run, or not to the end
-        if self.rescue.needed(step):
-            self.rescue.serve(step)
+        if not plan.scheduled and step.offered and self.ctx.wakeup is None:
+            self.rescue.serve(step)  # the plugins wanted something served; none asked to wait
         self.last_offered = step.offered
         step.seal()
         if self._forking:
