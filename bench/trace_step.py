@@ -5,7 +5,8 @@ decode (slots full) and `--waiting` more behind them (admission looks at the que
 nothing). After `--warmup` steps, one `Engine.step` is traced with `sys.setprofile`: every Python
 function call whose code lives in the imported `metroline` package counts (generators and
 properties included; C functions and the standard library do not). It prints the number of
-distinct files and functions, and with `--list` each of them, by file.
+distinct files and functions, the number of calls (a deterministic measure of the step's work
+that a busy machine does not blur), and with `--list` each function, by file.
 
 Run:  python bench/trace_step.py [--running 4] [--waiting 4] [--warmup 20] [--list]
 """
@@ -18,15 +19,17 @@ import sys
 from collections import defaultdict
 
 
-def traced_step(running: int, waiting: int, warmup: int) -> dict[str, set[str]]:
-    """file (relative to the package) -> the qualified names of its functions that one step called."""
+def traced_step(running: int, waiting: int, warmup: int) -> tuple[dict[str, set[str]], int]:
+    """file (relative to the package) -> the qualified names of its functions that one step called;
+    and how many calls of them the step made."""
     import metroline
     from metroline.core.config import EngineConfig
     from metroline.core.requests.request import Request, SamplingParams
     from metroline.core.step.engine import Engine
 
     root = os.path.dirname(os.path.abspath(metroline.__file__)) + os.sep
-    config = EngineConfig(policy="fcfs", max_num_seqs=running, max_num_batched_tokens=512, num_blocks=256,
+    blocks = running * (-(-(16 + warmup + 64) // 16) + 1)  # every running request to its last token
+    config = EngineConfig(policy="fcfs", max_num_seqs=running, max_num_batched_tokens=512, num_blocks=max(blocks, 256),
                           block_size=16, max_model_len=1024)
     engine = Engine(config)
     sampling = SamplingParams(max_new_tokens=warmup + 64, ignore_eos=True, temperature=0.0)
@@ -38,11 +41,13 @@ def traced_step(running: int, waiting: int, warmup: int) -> dict[str, set[str]]:
     s = engine.scheduler
     assert len(s.running) == running and len(s.waiting) == waiting, "not in steady state"
     touched: dict[str, set[str]] = defaultdict(set)
+    calls = [0]
 
     def profile(frame, event, arg):  # noqa: ANN001
         if event == "call":
             code = frame.f_code
             if code.co_filename.startswith(root):
+                calls[0] += 1
                 name = getattr(code, "co_qualname", code.co_name)
                 touched[code.co_filename[len(root):]].add(f"{name}:{code.co_firstlineno}")
 
@@ -51,7 +56,7 @@ def traced_step(running: int, waiting: int, warmup: int) -> dict[str, set[str]]:
         engine.step()
     finally:
         sys.setprofile(None)
-    return touched
+    return touched, calls[0]
 
 
 def main() -> None:
@@ -61,10 +66,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--list", action="store_true", help="print every file and function")
     args = parser.parse_args()
-    touched = traced_step(args.running, args.waiting, args.warmup)
+    touched, calls = traced_step(args.running, args.waiting, args.warmup)
     functions = sum(len(f) for f in touched.values())
     print(f"one fcfs step ({args.running} running, {args.waiting} waiting): "
-          f"{len(touched)} files, {functions} functions")
+          f"{len(touched)} files, {functions} functions, {calls} calls")
     if args.list:
         for path in sorted(touched):
             print(f"  {path} ({len(touched[path])}): {', '.join(sorted(n.split(':')[0] for n in touched[path]))}")
