@@ -11,7 +11,7 @@ shares = { enterprise = 0.5 }
 It wraps the base policy's `split_budget` and adds `Split.shares` for the tenants it reserves for
 that have requests in the engine: their sequences are served first, up to their share of the
 step's decode and prefill tokens, and what they leave unused goes to the other tenants in the same
-step (see `metroline.core.plugins.shares`). It changes no order and no victim.
+step (see `metroline.core.step.reserves`). It changes no order and no victim.
 """
 
 from __future__ import annotations

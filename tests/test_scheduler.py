@@ -409,10 +409,12 @@ def test_candidates_tell_a_wrapper_which_candidates_the_scheduler_admitted():
 # --- the plan's own counters ---------------------------------------------------------------------
 
 
-def test_a_plan_keeps_its_counters_and_budget_through_add_and_drop():
+def test_a_step_keeps_its_plan_counters_and_budget_through_schedule_and_drop():
     from metroline.core.requests.request import SamplingParams
     from metroline.core.requests.sequence import Sequence
+    from metroline.core.step.context import StepContext
     from metroline.core.step.plan import StepPlan
+    from metroline.core.step.step_state import StepState
 
     def seq(name, prompt, computed):
         s = Sequence(name, list(range(prompt)), SamplingParams(max_new_tokens=4), 0.0)
@@ -423,10 +425,11 @@ def test_a_plan_keeps_its_counters_and_budget_through_add_and_drop():
     decoding.token_ids.append(1)  # an output token: `decoding` now needs one decode token
     decoding.num_computed_tokens = 8
     plan = StepPlan(1, 4)
-    plan.set_budget(10, 64, 3)
-    plan.add(decoding, 1, True)
-    plan.add(prefilling, 16, False)
-    plan.add(admitted, 12, False)
+    step = StepState(plan, StepContext(None, None, {}, {}, {}), None)  # no prefix caching
+    step.set_budget(10, 64, 3)
+    step.schedule(decoding, 1, True)
+    step.schedule(prefilling, 16, False)
+    step.schedule(admitted, 12, False)
     plan.admitted.append(admitted)
 
     def check(budget):
@@ -435,17 +438,43 @@ def test_a_plan_keeps_its_counters_and_budget_through_add_and_drop():
         assert plan.num_prefill_tokens == sum(n for s, n in plan.scheduled.items() if s not in plan.decodes)
         assert plan.num_context_tokens == sum(s.num_computed_tokens + n for s, n in plan.scheduled.items())
         spent_prefills = len(plan.scheduled) - len(decodes)
-        assert (plan.decode_left, plan.prefill_left, plan.prefills_left) == (
+        assert (step.decode_left, step.prefill_left, step.prefills_left) == (
             budget[0] - plan.num_decode_tokens, budget[1] - plan.num_prefill_tokens, budget[2] - spent_prefills,
         )
 
     check((10, 64, 3))
-    plan.drop(admitted)  # preempted after its admission: out of the plan and of `admitted`
+    step.drop(admitted)  # preempted after its admission: out of the plan and of `admitted`
     assert admitted not in plan.scheduled and plan.admitted == []
     check((10, 64, 3))
-    plan.drop(decoding)
+    step.drop(decoding)
     check((10, 64, 3))
-    plan.drop(decoding)  # not scheduled any more: nothing changes
+    step.drop(decoding)  # not scheduled any more: nothing changes
     check((10, 64, 3))
-    plan.seal()
+    assert step.seal() is plan
     assert plan.sample_seqs == []  # `prefilling` computes 24 of its 40 tokens: nothing to sample
+    assert (plan.decode_left, plan.prefill_left, plan.prefills_left) == (10, 64 - 16, 3 - 1)  # the budget unused
+
+
+def test_the_plans_own_bookkeeping_methods_still_work_and_warn():
+    import pytest as _pytest
+
+    from metroline.api import MetrolineDeprecationWarning
+    from metroline.core.plugins.deprecations import forget_warnings
+    from metroline.core.requests.request import SamplingParams
+    from metroline.core.requests.sequence import Sequence
+    from metroline.core.step.plan import StepPlan
+
+    forget_warnings()
+    s = Sequence("a", list(range(12)), SamplingParams(max_new_tokens=4), 0.0)
+    plan = StepPlan(1, 4)
+    with _pytest.warns(MetrolineDeprecationWarning, match="StepPlan.set_budget is deprecated"):
+        plan.set_budget(10, 64, 3)
+    with _pytest.warns(MetrolineDeprecationWarning, match="StepPlan.add is deprecated"):
+        plan.add(s, 12, False)
+    assert (plan.scheduled, plan.num_prefill_tokens, plan.prefill_left, plan.prefills_left) == ({s: 12}, 12, 52, 2)
+    with _pytest.warns(MetrolineDeprecationWarning, match="StepPlan.seal is deprecated"):
+        plan.seal()
+    assert plan.sample_seqs == [s]
+    with _pytest.warns(MetrolineDeprecationWarning, match="StepPlan.drop is deprecated"):
+        plan.drop(s)
+    assert (plan.scheduled, plan.num_prefill_tokens, plan.prefill_left, plan.prefills_left) == ({}, 0, 64, 3)

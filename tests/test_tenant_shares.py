@@ -1,4 +1,4 @@
-"""Per-tenant budget shares (`Split.shares`, `metroline.core.plugins.shares`) and the `tenant_shares` plugin: a
+"""Per-tenant budget shares (`Split.shares`, `metroline.core.step.reserves`) and the `tenant_shares` plugin: a
 reserved tenant gets at least its share of every step's tokens while it has work, what it leaves
 goes to the others, and an answer whose shares exceed the budget is a `PluginError` naming the
 plugin and the hook."""

@@ -1,2 +1,3 @@
 """Several engines behind one router: the replica views the `route` hook sees (`view`), the router
-that calls it (`router`) and the simulated cluster on one virtual clock (`simulation`)."""
+that calls it (`router`), the simulated cluster on one virtual clock (`simulation`) and its result
+document (`document`)."""

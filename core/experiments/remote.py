@@ -37,7 +37,8 @@ def run_remote(
 def run_cluster_remote(workload: Workload, config: EngineConfig, make_executor: Callable[[], Any],
                        options: dict[str, Any], cluster: Any) -> tuple[dict[str, Any], Any]:
     """The document of a simulated cluster's run and its engines pooled (`PooledEngines`)."""
-    from ..cluster.simulation import PooledEngines, run_cluster
+    from ..cluster.document import PooledEngines
+    from ..cluster.simulation import run_cluster
 
     doc, engines = run_cluster(workload, config, make_executor, spec=cluster, **options)
     return doc, PooledEngines(engines, config, total_blocks=True)

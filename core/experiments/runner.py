@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,12 +15,12 @@ from ..results.deadlines import deadline_figures
 from ..results.horizon import MeasurementWindow, measured_summaries
 from ..results.metrics import result_document
 from ..results.progress import ProgressBar
+from ..step.driving import GC_EVERY_STEPS, Driver, drive
 from ..step.engine import Engine
 from ..workloads.build import Workload
+from ..workloads.items import WorkloadItem
 
-GC_EVERY_STEPS = 20_000
-"""During a replay, the young generations of the garbage collector are collected every this many
-steps (and the automatic collector is off)."""
+__all__ = ["GC_EVERY_STEPS", "replay", "result_of", "run_workload", "submit"]
 
 
 def run_workload(
@@ -104,7 +102,8 @@ def replay(
     until_s: float = math.inf,
 ) -> float:
     """Submit each request of `workload` when the engine's clock reaches its arrival and step
-    until all have ended; returns the wall time it took.
+    until all have ended (through the one driving loop, `metroline.core.step.driving.drive`);
+    returns the wall time it took.
 
     `progress`: a progress bar on stderr (True; None: when stderr is a terminal), or an object
     with `update(requests_done)` and `close()` methods.
@@ -117,70 +116,40 @@ def replay(
     wait and no arrival is pending.
     """
     items = workload.items
-    total = len(items)
-    bar = progress if hasattr(progress, "update") else ProgressBar(total, enabled=progress)
+    bar = progress if hasattr(progress, "update") else ProgressBar(len(items), enabled=progress)
     update = bar.update if getattr(bar, "enabled", True) else None
-    step, records = engine.advance, engine.metrics.requests
-    # The automatic collector's full passes walk every live object (the workload, the prefix
-    # index, the records) again and again, for garbage the step does not make (it makes no
-    # reference cycles of its own); the replay collects only the young generations, every
-    # GC_EVERY_STEPS steps, and cycles that outlived one such pass wait for the end of the replay.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        wall = _replay_loop(engine, items, total, step, update, records, vocab_size, oracle_lengths, max_idle_steps,
-                            until_s)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    records = engine.metrics.requests
+    driver = Driver(engine, max_idle_steps)
+
+    def deliver(i: int) -> None:
+        item = items[i]
+        driver.before_arrival(item.arrival_s)
+        submit(engine, item, str(i), vocab_size, oracle_lengths)
+
+    wall = time.perf_counter()
+    for _ in drive([driver], [it.arrival_s for it in items], deliver, until=until_s, gc_every=GC_EVERY_STEPS):
+        if update is not None:
+            update(len(records))
+    wall = time.perf_counter() - wall
     bar.close()
     return wall
 
 
-def _replay_loop(
-    engine: Engine, items: list, total: int, step: Callable[[], None], update: Callable[[int], None] | None,
-    records: list, vocab_size: int, oracle_lengths: bool, max_idle_steps: int, until_s: float = math.inf,
-) -> float:
-    executor = engine.executor
-    i, idle, gc_countdown = 0, 0, GC_EVERY_STEPS
-    wall = time.perf_counter()
-    while True:
-        now = executor.now()
-        while i < total and items[i].arrival_s <= now and items[i].arrival_s < until_s:
-            item = items[i]
-            problem = engine.length_problem(item.prompt_len, item.output_len)
-            if problem is not None:  # refused before its prompt is made
-                engine.reject({"request_id": str(i), "tenant": item.tenant, "priority": item.priority,
-                               "arrival_time": item.arrival_s, "prompt_token_ids": range(item.prompt_len)}, problem)
-                i += 1
-                continue
-            data = item.request_data(str(i), vocab_size=vocab_size, oracle=oracle_lengths)
-            try:
-                engine.add_request(data)
-            except (ValidationError, RequestRefused) as exc:
-                engine.reject(data, exc)
-            i += 1
-        if now >= until_s:
-            break
-        if not engine.has_unfinished():
-            if i == total:
-                break
-            executor.idle_until(items[i].arrival_s)
-            continue
-        step()
-        gc_countdown -= 1
-        if not gc_countdown:
-            gc.collect(1)
-            gc_countdown = GC_EVERY_STEPS
-        if engine.last_step_progressed:
-            idle = 0
-        else:
-            if engine.last_plan_empty:
-                engine.idle(items[i].arrival_s if i < total else None)
-            if i == total:  # a wake-up counts too: a plugin that keeps asking one is stuck
-                idle += 1
-                if engine.is_stalled(idle, max_idle_steps):
-                    raise engine.stalled(idle)
-        if update is not None:
-            update(len(records))
-    return time.perf_counter() - wall
+def submit(engine: Engine, item: WorkloadItem, rid: str, vocab_size: int, oracle: bool,
+           data: dict[str, Any] | None = None) -> bool:
+    """Submit workload `item` as request `rid` to `engine` (`data`: its request, when made
+    already); one the engine refuses (its lengths, validation, a plugin's `check_request`) is
+    recorded as rejected. Whether it was accepted."""
+    problem = engine.length_problem(item.prompt_len, item.output_len)
+    if problem is not None:  # refused before its prompt is made
+        engine.reject({"request_id": rid, "tenant": item.tenant, "priority": item.priority,
+                       "arrival_time": item.arrival_s, "prompt_token_ids": range(item.prompt_len)}, problem)
+        return False
+    if data is None:
+        data = item.request_data(rid, vocab_size=vocab_size, oracle=oracle)
+    try:
+        engine.add_request(data)
+    except (ValidationError, RequestRefused) as exc:
+        engine.reject(data, exc)
+        return False
+    return True

@@ -6,9 +6,9 @@
 - `hook_relay.py` (calling hooks, errors naming the plugin), `answers.py` (checks of answers),
   `defaults.py` (the defaults registered first), `deprecations.py` (old names kept working),
   `api_surface.py` (the snapshot of the plugin API);
-- what plugins answer and build with: `candidates.py` (`Candidates`), `budget.py` (`Split`),
-  `shares.py`, `preemption.py` (`Preempt`), `lazy_heap.py`, `queue_order.py`, `victims.py`,
-  `inflight.py`.
+- what plugins answer and build with: `candidates.py` (`Candidates`), `budget.py` (`Split`; how
+  the step honours its `shares`: `metroline.core.step.reserves`), `preemption.py` (`Preempt`),
+  `lazy_heap.py`, `queue_order.py`, `victims.py`, `inflight.py`.
 
 `metroline.core.plugins.PluginManager` (the module `metroline.core.plugins` before 0.2.0) still
 resolves, with a deprecation warning naming `metroline.core.plugins.manager`.

@@ -15,7 +15,7 @@ class Split(NamedTuple):
     no reserve). A tenant with share `f` is served first, up to `floor(f * decode)` decode and
     `floor(f * prefill)` prefill tokens, before the other tenants' sequences get any of that part
     of the budget; what it leaves unused goes to the others in the same step. Fractions are
-    finite numbers >= 0 that sum to at most 1 (see `metroline.core.plugins.shares`).
+    finite numbers >= 0 that sum to at most 1 (see `metroline.core.step.reserves`).
     """
 
     decode: int

@@ -93,7 +93,7 @@ def split_budget(
         decode and `prefill` prefill tokens, no chunk longer than `max_chunk`, at most
         `max_prefills` sequences with a prefill chunk (None: no cap), and `shares`: tenant ->
         fraction of each part reserved for that tenant's sequences, served first; what a tenant
-        leaves unused goes to the others in the step (`metroline.core.plugins.shares`). Invalid: `decode +
+        leaves unused goes to the others in the step (`metroline.core.step.reserves`). Invalid: `decode +
         prefill` above `budget`, a negative field, `max_chunk < 1`, a share outside [0, 1] or
         shares summing over 1.
 

@@ -69,6 +69,11 @@ class Deprecation:
 
 ATTRIBUTES: dict[str, Deprecation] = {
     "StepContext.hooks": Deprecation("ctx.hooks", "ctx.hook", since="0.2.0", removed_in="0.3.0", target="hook"),
+    # the scheduler fills a `StepPlan` through its per-step `StepState`; the plan is only the record
+    "StepPlan.add": Deprecation("StepPlan.add", None, since="0.2.0", removed_in="0.3.0"),
+    "StepPlan.drop": Deprecation("StepPlan.drop", None, since="0.2.0", removed_in="0.3.0"),
+    "StepPlan.set_budget": Deprecation("StepPlan.set_budget", None, since="0.2.0", removed_in="0.3.0"),
+    "StepPlan.seal": Deprecation("StepPlan.seal", None, since="0.2.0", removed_in="0.3.0"),
 }
 """Deprecated attributes, keyed by `Class.name`."""
 

@@ -9,21 +9,19 @@ from typing import Any
 from ...kv_backends.block_pool import BlockPool
 from ..config import EngineConfig
 from ..errors import NoProgressError, PluginError
-from ..plugins.answers import tokens_problem
 from ..plugins.manager import PluginManager
 from ..requests.detokenizer import Detokenizer
-from ..requests.logit_masks import LogitMasks
-from ..requests.logprobs import record_logprobs
 from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request
 from ..requests.sequence import SWAPPED, FinishReason, Sequence
 from ..results.metrics import MetricsCollector
 from . import recovery
-from .forking import with_rows
+from .driving import Driver, drive
 from .intake import Intake, validation_context
 from .outputs import Appender, RequestOutput
 from .plan import StepPlan, StepResult
+from .sample import SamplePhase
 from .scheduler import Scheduler
-from .stall import is_stalled, stall_error
+from .stall import stall_error
 
 __all__ = ["Engine", "RequestOutput"]
 
@@ -88,11 +86,9 @@ class Engine(Intake):
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra, getattr(executor, "sampler_class", None))
-        self._sample_mode = getattr(executor, "sample_mode", contextlib.nullcontext)
         self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
-        self._appender = Appender(self.scheduler, self.eos_token_id, config.max_model_len, self.detokenizer)
         self.metrics = MetricsCollector(config.max_num_seqs)
         self._requests: dict[str, list[Sequence]] = {}
         self.retain_finished = retain_finished
@@ -106,9 +102,11 @@ class Engine(Intake):
         """Whether the last step computed a token past a request's high-water mark (`max_computed`)."""
         self._validation_context = validation_context(config, executor, tokenizer is not None)
         self._validation_context["structured_output"] = self.plugins.get(STRUCTURED_OUTPUT_PLUGIN) is not None
-        self._failures: list[tuple[Sequence, str]] = []  # `ctx.fail` during the step's sample hook
         vocab = self._validation_context.get("vocab_size")
-        self._vocab_size = vocab if isinstance(vocab, int) else None
+        appender = Appender(self.scheduler, self.eos_token_id, config.max_model_len, self.detokenizer)
+        self._sample = SamplePhase(self.plugins, self.scheduler, appender, self.eos_token_id,
+                                   vocab if isinstance(vocab, int) else None,
+                                   getattr(executor, "sample_mode", contextlib.nullcontext))
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -129,9 +127,12 @@ class Engine(Intake):
         self._step(None)
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
-        """One step, in the phases of docs/architecture.md's "One step" (observers in parentheses)."""
-        self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
-        now = self._arrive()  # submitted requests whose arrival time came join the waiting queue
+        """One step, phase by phase (observers in parentheses)."""
+        if self._cancelled or self._reap_error is not None:
+            self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
+        now = self.executor.now()
+        if self._pending:
+            self._release_arrivals(now)  # submitted requests whose arrival time came join the waiting queue
         plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
@@ -151,7 +152,8 @@ class Engine(Intake):
             raise
         self._record_step(plan, result.time, now)
         self._end_step(plan, result.time)  # (on_step_end)
-        self._reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
+        if self.scheduler.ended:
+            self._reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
 
     def _report_cancelled(self, outputs: list[RequestOutput] | None) -> None:
         cancelled, self._cancelled = self._cancelled, []
@@ -159,13 +161,6 @@ class Engine(Intake):
         if self._reap_error is not None:
             error, self._reap_error = self._reap_error, None
             raise error
-
-    def _arrive(self) -> float:
-        """Release the submitted requests whose arrival time the clock reached; returns the clock."""
-        now = self.executor.now()
-        if self._pending:
-            self._release_arrivals(now)
-        return now
 
     def _schedule(self, now: float) -> StepPlan:
         """The scheduler's plan; a `PluginError` fails the requests it may have left in doubt."""
@@ -228,52 +223,6 @@ class Engine(Intake):
                 if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
                     del requests[seq.request_id]
 
-    def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
-        """Sample the next token of the plan's `sample_seqs` and this step's forks (from their parents'
-        rows), record logprobs asked for, append the tokens, check the stop conditions, stream."""
-        seqs = plan.sample_seqs
-        if plan.forked:
-            seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
-        if not seqs:
-            return
-        hook, ctx = self.plugins.hook, self.scheduler.ctx
-        ctx._failures = failures = self._failures  # what `ctx.fail` asks for during the hook
-        ctx._masks = masks = LogitMasks(seqs)  # what `ctx.ban_tokens` & co. ask for
-        try:
-            with self._sample_mode():
-                tokens = hook.sample(ctx=ctx, seqs=seqs, logits=logits, eos_token_id=self.eos_token_id)
-        except BaseException:
-            failures.clear()  # the step fails as a whole: nothing is left for the next one
-            raise
-        finally:
-            ctx._failures = ctx._masks = None
-        problem = tokens_problem(tokens, len(seqs), self._vocab_size)
-        if problem is None and masks:
-            logits = masks.apply(logits)
-            problem = masks.violation(tokens, logits, {s for s, _ in failures})
-        if problem is not None:
-            failures.clear()
-            raise self.plugins.invalid("sample", problem)
-        record_logprobs(seqs, logits, tokens, self.config.deterministic)
-        if failures:
-            seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
-        self._appender.append(seqs, tokens, now, outputs)
-        if hook.on_tokens.get_hookimpls():
-            hook.on_tokens(ctx=ctx, seqs=seqs)
-
-    def _fail_sampled(
-        self, seqs: list[Sequence], tokens: list[int], now: float, outputs: list[RequestOutput] | None
-    ) -> tuple[list[Sequence], list[int]]:
-        """End the sequences a `sample` implementation failed (`ctx.fail`) without their tokens;
-        returns the others and their tokens. Their blocks are freed at the step's reap."""
-        failed = {seq: error for seq, error in self._failures if any(s is seq for s in seqs)}
-        self._failures.clear()
-        for seq, error in failed.items():
-            self.scheduler.finish(seq, FinishReason.FAILED, now, error)
-        self._output_ended(list(failed), outputs)
-        kept = [i for i, seq in enumerate(seqs) if seq not in failed]
-        return [seqs[i] for i in kept], [tokens[i] for i in kept]
-
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
         self.metrics.record_step(
@@ -283,41 +232,41 @@ class Engine(Intake):
         self.metrics.record_running(plan, s.running)
 
     def stream(self, max_idle_steps: int = 1000) -> Iterator[RequestOutput]:
-        """Step until every request has ended, yielding outputs as they come.
+        """Step until every request has ended, yielding outputs as they come (through the one
+        driving loop, `metroline.core.step.driving.drive`).
 
         When a step schedules nothing and a plugin asked to be woken up later (`ctx.wake_at`: a
         token bucket refilling), the clock moves there. Steps without progress (no request
         computed a token past its previous high-water mark: preempting and recomputing do not
         count) raise `NoProgressError`: `max_idle_steps` of them in a row when the last scheduled
-        nothing, `max_idle_steps + num_blocks * block_size` otherwise (see `is_stalled`)."""
-        idle = 0
-        while self.has_unfinished():
-            yield from self.step()
-            if self.last_step_progressed:
-                idle = 0
-                continue
-            if self.last_plan_empty:
-                self.idle()
-            idle += 1
-            if self.is_stalled(idle, max_idle_steps):
-                raise self.stalled(idle)
+        nothing, `max_idle_steps + num_blocks * block_size` otherwise (see
+        `metroline.core.step.stall.is_stalled`)."""
+        driver = Driver(self, max_idle_steps, outputs=True)
+        for _ in drive([driver]):
+            yield from driver.last_outputs
 
-    def is_stalled(self, steps: int, max_idle_steps: int) -> bool:
-        """Whether `steps` steps in a row without progress are a stall (see `metroline.core.step.stall`)."""
-        return is_stalled(steps, max_idle_steps, self.last_plan_empty, self.config.max_kv_tokens)
-
-    def idle(self, next_arrival: float | None = None) -> None:
-        """After a step that scheduled nothing: move the clock to the earlier of the time a plugin
-        asked to be woken up (`ctx.wake_at`) and `next_arrival`, when either lies ahead."""
+    def wake_time(self) -> float | None:
+        """When an engine whose last step scheduled nothing has something to do again without a
+        new request: the earliest wake-up a plugin asked for (`ctx.wake_at`) or pending arrival
+        ahead of the clock (None: none)."""
         now = self.executor.now()
         pending = self._pending[0][0] if self._pending else None
-        ahead = [t for t in (self.scheduler.ctx.wakeup, next_arrival, pending) if t is not None and t > now]
-        if ahead:
-            self.executor.idle_until(min(ahead))
+        ahead = [t for t in (self.scheduler.ctx.wakeup, pending) if t is not None and t > now]
+        return min(ahead) if ahead else None
+
+    def idle(self, next_arrival: float | None = None) -> None:
+        """After a step that scheduled nothing: move the clock to the earlier of `wake_time()` and
+        `next_arrival`, when either lies ahead."""
+        t = self.wake_time()
+        if next_arrival is not None and next_arrival > self.executor.now() and (t is None or next_arrival < t):
+            t = next_arrival
+        if t is not None:
+            self.executor.idle_until(t)
 
     def stalled(self, steps: int) -> NoProgressError:
         """The error for `steps` steps in a row without progress while requests wait: names the
-        plugins, the oldest stuck requests and why they cannot run (see `metroline.core.step.stall`)."""
+        plugins, the oldest stuck requests and why they cannot run (see
+        `metroline.core.step.stall`)."""
         return stall_error(self.scheduler, self.pool, self.last_plan_empty, self.plugins.names(), steps)
 
     def run(self) -> dict[str, list[Sequence]]:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 from ...kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
+from ..plugins.deprecations import warn_attribute
 from ..requests.sequence import Sequence
 
 
 class StepPlan:
-    """The decisions of one scheduler step, for the executor.
+    """The decisions of one scheduler step, for the executor: a plain output record (the
+    scheduler fills it through `metroline.core.step.step_state.StepState`; executors, metrics and
+    the `on_step_end` observers read it).
 
+    - `step`: the step number; `block_size`: tokens per KV block.
     - `scheduled`: sequence -> number of tokens to compute this step, in batch order. A sequence's
       tokens are `seq.token_ids[start:start + n]` at positions `start...start + n - 1`, with
       `start = seq.num_computed_tokens` (the scheduler advances it only after the step ran).
@@ -19,18 +25,16 @@ class StepPlan:
       (kinds in `metroline.kv_backends.block_ops`).
     - `sample_seqs`: the scheduled sequences that reach the end of their known tokens this step
       (a decode, or the last chunk of a prefill): the executor returns one row of logits for each,
-      in this order. Fixed by `seal()` once the plan is complete, before the sequences advance.
+      in this order.
     - token counts for cost models and metrics: `num_prefill_tokens`, `num_decode_tokens`, and
-      `num_context_tokens` (KV tokens the attention reads: the sum of `start + n`). `add` and
-      `drop` keep them; nothing else writes them.
+      `num_context_tokens` (KV tokens the attention reads: the sum of `start + n`).
     - `admitted`, `preempted`: the sequences admitted (in admission order) and preempted (in
       preemption order) while the plan was made.
-    - `forked`: the samples of `n > 1` parents that sample their first token in this step (made
-      when the plan was sealed); `fork_rows`: for each, its parent's index in `sample_seqs` (it
-      samples from its parent's row of logits).
-    - `decode_left`, `prefill_left`, `prefills_left`: what is left of the step's budget (decode
-      tokens, prefill tokens, prefill chunks) while the scheduler fills the plan; `add` spends it,
-      `drop` gives it back. Executors ignore them.
+    - `forked`: the samples of `n > 1` parents that sample their first token in this step;
+      `fork_rows`: for each, its parent's index in `sample_seqs` (it samples from its parent's row
+      of logits).
+    - `decode_left`, `prefill_left`, `prefills_left`: the step's budget left unused (decode
+      tokens, prefill tokens, prefill chunks) when the plan was complete. Executors ignore them.
     """
 
     __slots__ = (
@@ -55,14 +59,18 @@ class StepPlan:
         self.fork_rows: list[int] = []
         self.decode_left = self.prefill_left = self.prefills_left = 0
 
+    # --- deprecated: the scheduler's own bookkeeping, now `StepState`'s -------------------------
+
     def set_budget(self, decode: int, prefill: int, prefills: int) -> None:
-        """What the step may still schedule: `decode` decode tokens, `prefill` prefill tokens in
-        at most `prefills` chunks."""
+        """Deprecated since 0.2.0, removed in 0.3.0 (the step's budget is the scheduler's
+        `StepState`): sets `decode_left`, `prefill_left`, `prefills_left`."""
+        warn_attribute("StepPlan.set_budget", None, sys._getframe(1))
         self.decode_left, self.prefill_left, self.prefills_left = decode, prefill, prefills
 
     def add(self, seq: Sequence, n: int, decode: bool) -> None:
-        """Schedule `n` tokens of `seq` from `seq.num_computed_tokens` on (`decode`: its one token
-        is charged to the decode share)."""
+        """Deprecated since 0.2.0, removed in 0.3.0 (the scheduler fills the plan through its
+        `StepState`): records `n` tokens of `seq` and spends them from the budget fields."""
+        warn_attribute("StepPlan.add", None, sys._getframe(1))
         self.scheduled[seq] = n
         self.num_context_tokens += seq.num_computed_tokens + n
         if decode:
@@ -75,10 +83,9 @@ class StepPlan:
             self.prefills_left -= 1
 
     def drop(self, seq: Sequence) -> None:
-        """Take `seq` out of the plan (it was preempted while the plan was made): its tokens, and
-        its admission if it was admitted in this step; its tokens go back to the budget. A
-        sequence that was not scheduled stays in `admitted` (a swapped-in sequence that got no
-        tokens is running all the same)."""
+        """Deprecated since 0.2.0, removed in 0.3.0 (the scheduler fills the plan through its
+        `StepState`): takes `seq` and its tokens out of the plan, back to the budget fields."""
+        warn_attribute("StepPlan.drop", None, sys._getframe(1))
         n = self.scheduled.pop(seq, None)
         if n is None:
             return
@@ -95,8 +102,9 @@ class StepPlan:
             self.prefills_left += 1
 
     def seal(self) -> None:
-        """Fix `sample_seqs` from the scheduled sequences; called once the plan is complete and
-        before the sequences advance past the step's tokens."""
+        """Deprecated since 0.2.0, removed in 0.3.0 (the scheduler seals the plan through its
+        `StepState`): fixes `sample_seqs` from the scheduled sequences."""
+        warn_attribute("StepPlan.seal", None, sys._getframe(1))
         self.sample_seqs = [s for s, n in self.scheduled.items() if s.num_computed_tokens + n == len(s.token_ids)]
 
     @property

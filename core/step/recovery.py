@@ -44,7 +44,7 @@ def of_plan(plan) -> list[Sequence]:
 def ending(scheduler) -> list[Sequence]:
     """The sequences the next `reap()` will take out (so that an `on_finished` error there does
     not lose their records)."""
-    return list(scheduler._ended)
+    return list(scheduler.ended)
 
 
 def fail(scheduler, seqs: Iterable[Sequence], now: float, error: str) -> None:
