@@ -40,6 +40,10 @@ how many times it was called and how many times its answer changed the answer wi
 `metroline.core.conformance.hook_coverage`); a hook that was never called, or never changed an answer, is a
 warning in `report.warnings`, and a `ConformanceError` with `strict=True`.
 
+A plugin that answers `num_draft_tokens` runs under speculative decoding (`SPECULATION`, unless
+`config` sets `speculative_config`): the checks then also hold each step's drafts to the hook's
+contract (decodes only, at most `num_speculative_tokens`, counted in the budget).
+
 The report also lists the plugin's uses of deprecated names (`report.deprecations`): a hook or
 hook argument under its old name, found when the plugin is registered, and a deprecated
 attribute (`ctx.hooks`) read during the runs. They still work, until the version each line names
@@ -68,6 +72,10 @@ from .core.plugins import deprecations
 from .core.plugins.loader import instantiate
 from .core.plugins.manager import SHIPPED, resolve
 from .core.workloads.build import SyntheticSpec, Workload
+
+SPECULATION = {"num_speculative_tokens": 4, "acceptance_rate": 0.6, "acceptance_concentration": 2.0}
+"""The `speculative_config` of the runs of a plugin that answers `num_draft_tokens` (unless
+`config` gives one): drafts of 4 tokens, each request's acceptance drawn around 0.6."""
 
 
 class ConformanceError(AssertionError):
@@ -148,6 +156,8 @@ def check_plugin(
 
     def setup(mode: str) -> tuple[EngineConfig, list[Any]]:
         fields = dict(config or {}, preemption_mode=mode, seed=seed)
+        if hasattr(target, "num_draft_tokens") and "speculative_config" not in fields:
+            fields["speculative_config"] = SPECULATION  # its hook runs only under speculation
         if isinstance(plugin, str):
             fields["plugin_options"] = {name: options}
             if is_policy:

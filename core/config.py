@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .speculative_config import SpeculativeConfig
+
 PreemptionMode = Literal["recompute", "swap"]
 AdmissionGate = Literal["full_prompt", "first_chunk"]
 PrefixMatch = Literal["block", "token"]
@@ -70,6 +72,9 @@ class EngineConfig(BaseModel):
       Block granularity is the default because the part-match costs a block copy to save at most
       `block_size - 1` tokens, and two unrelated prompts that start with the same token would
       "share" one.
+    - `speculative_config` (default None: no speculation): speculative decoding in vLLM's shape
+      (`metroline.core.speculative_config`); a running decode then carries up to
+      `num_speculative_tokens` draft tokens a step, as the `num_draft_tokens` hook decides.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -98,6 +103,7 @@ class EngineConfig(BaseModel):
     admission_gate: AdmissionGate = "full_prompt"
     prefix_match: PrefixMatch = "block"
     preset: str | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

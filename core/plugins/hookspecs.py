@@ -17,6 +17,7 @@ parsed from this list and the tests check every step against it (tests/test_hook
 
     on_arrival?                    the requests that arrived since the last step
     split_budget                   every step
+    num_draft_tokens?              speculative decoding on and sequences decode
     order_running?                 when sequences run
     select_victim*                 blocks for the running sequences: once per victim
     on_preempted?                  their victims, before admission
@@ -25,7 +26,7 @@ parsed from this list and the tests check every step against it (tests/test_hook
     on_preempted?                  the rescue's victims (the core chose them: no select_victim)
     on_admitted?                   the step's admissions, then the samples forked in it
     on_preempted?                  the victims not told yet
-    sample?                        when sequences reached the end of their known tokens
+    sample*                        when sequences reached the end of their known tokens; again per accepted draft
     on_tokens?                     the sequences that got a token
     on_step_end                    every step, an empty one included
     on_finished?                   the reap: the sequences that ended in the step
@@ -165,6 +166,29 @@ def order_running(ctx: StepContext, running: list[Sequence]) -> Iterable[Sequenc
 
 
 @hookspec(firstresult=True)
+def num_draft_tokens(ctx: StepContext, decodes: list[Sequence], max_drafts: int) -> list[int] | None:
+    """How many draft tokens each running decode carries this step (speculative decoding).
+
+    Args:
+        decodes: the running sequences that decode (only their newest token lacks KV), in
+            admission order. `seq.num_draft_tokens` and `seq.num_accepted_tokens` say how its
+            drafts fared so far.
+        max_drafts: `speculative_config.num_speculative_tokens`, the most one decode may carry.
+
+    Returns:
+        One int in `[0, max_drafts]` per decode (0: no drafts). A decode with `k` drafts is
+        scheduled `1 + k` tokens, charged to the decode share (the drafts' tokens are moved there
+        from the prefill share), and advances by its accepted drafts plus one; the scheduler may
+        give it fewer (the budget left, `max_new_tokens`, `max_model_len`, or blocks too few for
+        them: drafts never preempt). The default gives every decode `max_drafts`; the shipped
+        `adaptive_speculation` fewer as the batch grows and as a request's drafts fail.
+
+    Called once per step when `speculative_config` is set and sequences decode, after
+    `split_budget`.
+    """
+
+
+@hookspec(firstresult=True)
 def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int] | None:
     """The next token of each sequence in `seqs`, from its row of `logits`.
 
@@ -189,7 +213,10 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: in
         call: its token is dropped and it ends as failed, while an exception fails every
         sequence of the step.
 
-    Called once per step that has sequences to sample, after the executor ran.
+    Called once per step that has sequences to sample, after the executor ran; under speculative
+    decoding once more for each position of accepted drafts, with the sequences whose last token
+    equalled their draft and the rows that follow it (`seq.token_ids` holds the tokens accepted
+    so far, so a sequence sees what it would see without speculation).
     """
 
 
@@ -321,7 +348,9 @@ def on_step_end(ctx: StepContext, plan: StepPlan) -> None:
     """
 
 
-DECISION_HOOKS = ("admission", "select_victim", "split_budget", "order_running", "sample", "estimate_output_tokens")
+DECISION_HOOKS = (
+    "admission", "select_victim", "split_budget", "order_running", "num_draft_tokens", "sample", "estimate_output_tokens",
+)
 OBSERVER_HOOKS = ("on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end")
 EDGE_HOOKS = ("check_request",)
 ROUTING_HOOKS = ("route",)

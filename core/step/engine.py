@@ -141,7 +141,7 @@ class Engine(Intake):
         self.last_step_progressed = self.scheduler.progresses(plan)
         self.scheduler.commit(plan)  # commit: the scheduled sequences advance
         try:
-            self._sample(plan, result.logits, result.time, outputs)  # sample, append, stop (on_tokens)
+            self._sample(plan, result.logits, result.time, outputs, result)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
             self._reap_after(exc, recovery.of_plan(plan), result.time)
@@ -225,14 +225,30 @@ class Engine(Intake):
                 if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
                     del requests[seq.request_id]
 
-    def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+    def _sample(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None,
+                result: StepResult | None = None) -> None:
         """Sample the next token of the plan's `sample_seqs` and this step's forks (from their parents'
-        rows), record logprobs asked for, append the tokens, check the stop conditions, stream."""
+        rows), record logprobs asked for, append the tokens, check the stop conditions, stream.
+        With drafts in the plan, `result`'s drafts are verified then (`core.step.speculation`)."""
         seqs = plan.sample_seqs
         if plan.forked:
             seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
         if not seqs:
             return
+        seqs = self._draw(seqs, logits, now, outputs)
+        if plan.drafts and result is not None:
+            speculation = self.scheduler.speculation
+            more = speculation.verify(plan, result, lambda s, rows: self._draw(s, rows, now, outputs))
+            speculation.settle(plan, self.pool, self.config.enable_prefix_caching)
+            if more:
+                seqs = list(dict.fromkeys(seqs + more))
+        hook = self.plugins.hook
+        if hook.on_tokens.get_hookimpls():
+            hook.on_tokens(ctx=self.scheduler.ctx, seqs=seqs)
+
+    def _draw(self, seqs: list[Sequence], logits: Any, now: float, outputs: list[RequestOutput] | None) -> list[Sequence]:
+        """One token for each of `seqs` from its row of `logits` (the `sample` hook), its logprobs,
+        appended and checked for stops; returns the sequences that got it (not failed by `ctx.fail`)."""
         hook, ctx = self.plugins.hook, self.scheduler.ctx
         ctx._failures = failures = self._failures  # what `ctx.fail` asks for during the hook
         try:
@@ -250,8 +266,7 @@ class Engine(Intake):
         if failures:
             seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self._appender.append(seqs, tokens, now, outputs)
-        if hook.on_tokens.get_hookimpls():
-            hook.on_tokens(ctx=ctx, seqs=seqs)
+        return seqs
 
     def _fail_sampled(
         self, seqs: list[Sequence], tokens: list[int], now: float, outputs: list[RequestOutput] | None

@@ -21,6 +21,7 @@ from .context import StepContext
 from .forking import forks_now, make_children, unforked
 from .plan import StepPlan
 from .rescue import Rescue
+from .speculation import Speculation
 from .step_prefix import StepPrefix
 from .victim_loop import VictimLoop
 
@@ -59,6 +60,8 @@ class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
         self.total_preemptions = 0
         self.rescues = 0
         self.last_offered = False
+        spec = config.speculative_config
+        self.speculation = Speculation(spec, plugins) if spec is not None else None
 
     # --- requests in and out -------------------------------------------------------------------
 
@@ -114,6 +117,8 @@ class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
         requests fork, and the step's admissions and victims are announced."""
         plan = self._start_step(now)  # on_arrival
         max_chunk = self._split(plan)  # split_budget
+        if self.speculation is not None and self.running:
+            self.speculation.decide(self, plan)  # num_draft_tokens
         self._offered = bool(self.running)
         if self.running:
             self._serve_running(plan, max_chunk)  # order_running, select_victim
@@ -193,6 +198,7 @@ class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
         members = None if order is running else set(running)  # the list as given needs no check
         scheduled, grow, schedule = plan.scheduled, self._grow, self._schedule
         allocate, ops = self.pool.allocate_slots, plan.block_ops  # `grow` without a call, when blocks are free
+        speculate = self.speculation.serve if self.speculation is not None and self.speculation.drafts else None
         for seq in order:
             if members is not None and seq not in members:
                 raise self.plugins.invalid("order_running", f"{seq!r} is not a running sequence")
@@ -202,6 +208,9 @@ class Scheduler(Admission, ReservedAdmission, VictimLoop, Rescue):
             computed = seq.num_computed_tokens
             if computed == known - 1 and known > seq.num_prompt_tokens:  # decoding
                 if plan.decode_left <= 0:
+                    continue
+                if speculate is not None:
+                    speculate(self, seq, plan)
                     continue
                 if allocate(seq.block_table, computed, 1, ops) or grow(seq, 1, plan):
                     schedule(seq, 1, plan, True)
