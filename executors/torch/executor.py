@@ -18,6 +18,7 @@ import torch
 from ...core.step.plan import StepPlan, StepResult
 from ..base import ExecutorStats
 from . import attention, linear, support
+from .drafters import make_drafter
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 from .sampling import TorchSampler
 
@@ -69,6 +70,8 @@ class TorchExecutor:
         support.probe(model, self.num_layers, self.num_kv_heads, self.head_dim, self.ops)
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
+        self.drafter: Any = None
+        self.draft_model: Any = None  # a loaded draft model for `speculative_config.method = "draft_model"`
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
@@ -118,6 +121,7 @@ class TorchExecutor:
             self.num_layers, config.num_blocks, config.block_size, self.num_kv_heads, self.head_dim,
             self.dtype, self.device, config.swap_space_blocks,
         )
+        self.drafter = make_drafter(getattr(config, "speculative_config", None), self, self.draft_model)
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
@@ -145,14 +149,20 @@ class TorchExecutor:
         with torch.inference_mode():
             if plan.block_ops:
                 self.kv.run_block_ops(plan.block_ops)
-            logits = self._forward(plan) if plan.scheduled else None
+            drafts = self.drafter.propose(plan) if plan.drafts else None
+            logits = self._forward(plan, drafts) if plan.scheduled else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = self.now()
         self.stats.record(plan, end - start)
+        if drafts is not None:  # the rows after the sampled ones verify the drafts
+            n = len(plan.sample_seqs)
+            return StepResult(end, logits[:n], draft_tokens=drafts, draft_logits=logits[n:])
         return StepResult(end, logits)
 
-    def _forward(self, plan: StepPlan) -> torch.Tensor:
+    def _forward(self, plan: StepPlan, drafts: dict | None = None) -> torch.Tensor:
+        """The packed forward; a drafting sequence's tokens are its newest and its `drafts`, and
+        the rows kept are each sample sequence's last known token, then each draft (in order)."""
         bs = plan.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -163,15 +173,16 @@ class TorchExecutor:
         last_row: dict[Any, int] = {}
         for seq, n in plan.scheduled.items():
             first = seq.num_computed_tokens
-            end = first + n
-            ids.extend(seq.token_ids[first:end])
+            proposed = drafts.get(seq) if drafts else None
+            end = first + (n if proposed is None else 1 + len(proposed))
+            ids.extend(seq.token_ids[first:end] if proposed is None else [seq.token_ids[first], *proposed])
             positions.extend(range(first, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
-            starts.append(starts[-1] + n)
+            starts.append(starts[-1] + end - first)
             seq_lens.append(end)
             tables.append(table[: (end + bs - 1) // bs])
-            last_row[seq] = starts[-1] - 1
+            last_row[seq] = starts[-1] - 1 if proposed is None else starts[-2]
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device
@@ -182,7 +193,10 @@ class TorchExecutor:
             torch.tensor(starts, dtype=torch.int32, device=dev),
             self.kv.k_layers, self.kv.v_layers, self.ops,
         )
-        keep = torch.tensor([last_row[s] for s in plan.sample_seqs], dtype=torch.int64, device=dev)
+        rows = [last_row[s] for s in plan.sample_seqs]
+        if drafts:
+            rows += [last_row[s] + 1 + j for s, d in drafts.items() for j in range(len(d))]
+        keep = torch.tensor(rows, dtype=torch.int64, device=dev)
         with attention.active_step(meta), linear.active():
             out = self.model(
                 input_ids=torch.tensor([ids], device=dev),
