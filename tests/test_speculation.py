@@ -9,6 +9,7 @@ distribution (a chi-square test, whose power a planted wrong distribution shows)
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -306,3 +307,49 @@ def test_ngram_lookup_takes_the_latest_longest_match():
     assert ngram_propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, 1, 3) == [7, 1]
     assert ngram_propose([5, 6, 7], 3, 1, 2) == []
     assert ngram_propose([4, 1, 4], 3, 1, 1) == [1, 4]
+
+
+def test_the_server_counts_drafts_as_vllm_names_them():
+    pytest.importorskip("starlette")
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from metroline.core.serving.server import ServerThread, make_engine
+    from metroline.core.serving.tenants import ServeConfig
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.realtime import RealtimeExecutor
+    from metroline.executors.simulated import SimulatedExecutor
+
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+    engine = make_engine(EngineConfig(speculative_config={**SPEC, "acceptance_rate": 1.0}), executor)
+    with ServerThread(engine, ServeConfig()) as srv:
+        url = srv.url
+        r = httpx.post(url + "/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 9}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["text"].split()) == 9
+        text = httpx.get(url + "/metrics").text
+    samples = {(s.name, tuple(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    # the prompt's step gives token 1; then 3 drafts (all accepted) + the bonus twice: 1 + 4 + 4 = 9
+    assert samples[("metroline_spec_decode_num_drafts_total", ())] == 2
+    assert samples[("metroline_spec_decode_num_draft_tokens_total", ())] == 6
+    assert samples[("metroline_spec_decode_num_accepted_tokens_total", ())] == 6
+    for pos in range(3):
+        assert samples[("metroline_spec_decode_num_accepted_tokens_per_pos_total", (("position", str(pos)),))] == 2
+
+
+def test_the_flag_and_the_config_file_take_vllms_json(tmp_path, capsys):
+    from metroline.cli import main
+
+    args = ["run", "--workload", "chat", "--max-requests", "40", "--cost-model", "steps", "--json"]
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 1.0}'
+    assert main([*args, str(tmp_path / "a.json"), "--speculative-config", spec]) == 0
+    (tmp_path / "c.toml").write_text(
+        '[speculative_config]\nmethod = "ngram"\nnum_speculative_tokens = 2\nacceptance_rate = 1.0\n')
+    assert main([*args, str(tmp_path / "b.json"), "--config", str(tmp_path / "c.toml")]) == 0
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert a["speculation"] == b["speculation"] and a["speculation"]["acceptance_rate"] == 1.0
+    assert a["summary"]["mean_acceptance_length"] == pytest.approx(3.0, abs=0.1)  # 2 drafts + the bonus, nearly always
+    capsys.readouterr()
+    assert main([*args, str(tmp_path / "c.json"), "--speculative-config", "{bad"]) == 2
+    assert "--speculative-config: invalid JSON" in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "c.json"), "--speculative-config", '{"num_speculative_tokens": 99}']) == 2
+    assert "num_speculative_tokens" in capsys.readouterr().err

@@ -4,6 +4,7 @@ run options, the executor and the workload they name, and the checks made before
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,17 @@ def _parse_value(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def speculative_flag(text: str) -> dict[str, Any]:
+    """`--speculative-config`'s JSON object (validated with the rest of `EngineConfig`)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--speculative-config: invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--speculative-config: expected a JSON object, got {text!r:.60}")
+    return value
+
+
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Merge defaults, the `--config` file and the flags into (EngineConfig, run options).
     A bad value raises `ValueError` naming the file or the flag and the key."""
@@ -67,6 +79,9 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if not isinstance(listed, list):
             raise ConfigError(f"{source}: plugins: must be a list of plugin specs, got {listed!r:.60}")
         fields["plugins"] = [*listed, *args.plugin]
+    if getattr(args, "speculative_config", None):
+        fields["speculative_config"] = speculative_flag(args.speculative_config)
+        origin["speculative_config"] = flag_name("speculative_config")
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
         origin["enable_prefix_caching"] = flag_name("enable_prefix_caching")

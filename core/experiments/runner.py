@@ -78,7 +78,16 @@ def result_of(
     )
     if measure is not None and measure.active:
         measured_summaries(doc, engine, [it.arrival_s for it in workload.items], measure, wall_s)
+    speculation = engine.scheduler.speculation
+    if speculation is not None:  # vLLM's counters, and the figures the summary shows
+        doc["speculation"] = figures = speculation.counters.as_dict()
+        for key in SPECULATION_FIGURES:
+            doc["summary"][key] = figures[key]
     return doc
+
+
+SPECULATION_FIGURES = ("acceptance_rate", "mean_acceptance_length", "tokens_per_request_step", "draft_tokens_thrown_away")
+"""The speculation figures a run's summary gets (under speculative decoding)."""
 
 
 def replay(

@@ -236,10 +236,10 @@ class Engine(Intake):
         if not seqs:
             return
         seqs = self._draw(seqs, logits, now, outputs)
-        if plan.drafts and result is not None:
-            speculation = self.scheduler.speculation
-            more = speculation.verify(plan, result, lambda s, rows: self._draw(s, rows, now, outputs))
-            speculation.settle(plan, self.pool, self.config.enable_prefix_caching)
+        speculation = self.scheduler.speculation
+        if speculation is not None and result is not None:
+            draw = lambda s, rows: self._draw(s, rows, now, outputs)  # noqa: E731
+            more = speculation.after_step(plan, result, draw, self.pool, self.config.enable_prefix_caching)
             if more:
                 seqs = list(dict.fromkeys(seqs + more))
         hook = self.plugins.hook

@@ -39,11 +39,16 @@ if TYPE_CHECKING:
 class SpecCounters:
     """What speculation did over a run, named as vLLM's metrics: `num_drafts` (request-steps that
     carried drafts), `num_draft_tokens` (drafts verified), `num_accepted_tokens`, and
-    `accepted_per_pos[i]` (drafts accepted at position `i + 1` of a run)."""
+    `accepted_per_pos[i]` (drafts accepted at position `i + 1` of a run); and `num_decode_steps`
+    (decode request-steps, with drafts or not) and `num_extra_tokens` (tokens that verification
+    added past each decode's first), for the tokens a decode gains per step."""
 
-    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
+    __slots__ = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos", "num_decode_steps",
+                 "num_extra_tokens")
 
     def __init__(self, max_drafts: int) -> None:
+        self.num_decode_steps = 0
+        self.num_extra_tokens = 0
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
@@ -57,6 +62,8 @@ class SpecCounters:
             "acceptance_rate": accepted / drafted if drafted else None,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
             "draft_tokens_thrown_away": drafted - accepted,
+            "tokens_per_request_step": (1 + self.num_extra_tokens / self.num_decode_steps
+                                        if self.num_decode_steps else None),
         }
 
 
@@ -120,6 +127,17 @@ class Speculation:
                 scheduler.prefix.register(seq, full)
 
     # --- after the forward -------------------------------------------------------------------
+
+    def after_step(self, plan: StepPlan, result: StepResult, draw: Any, pool: Any, caching: bool) -> list[Sequence]:
+        """Verify the step's drafts and settle (see `verify`, `settle`); count its decodes.
+        Returns the sequences that got tokens in verification."""
+        self.counters.num_decode_steps += len(plan.decodes)
+        if not plan.drafts:
+            return []
+        more = self.verify(plan, result, draw)
+        self.counters.num_extra_tokens += len(more)
+        self.settle(plan, pool, caching)
+        return more
 
     def verify(self, plan: StepPlan, result: StepResult, draw: Any) -> list[Sequence]:
         """Accept drafts, position by position: `draw(seqs, logits)` samples one row per sequence,
