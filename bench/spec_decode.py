@@ -8,7 +8,7 @@ on, `--max-new-tokens` at most. The same requests run without speculation and wi
 tokens per second of each, the speed-up, whether every output is identical token for token, and
 the drafts' acceptance rate and mean acceptance length.
 
-Run:  .venv/bin/python bench/spec_decode.py [--k 4] [--batch 1] [--max-new-tokens 96] [--threads 2]
+Run:  .venv/bin/python bench/spec_decode.py [--k 4] [--batch 1] [--max-new-tokens 96] [--threads 2] [--prompts N]
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=len(TEXTS), help="how many of the texts (default all)")
     args = p.parse_args()
     import torch
 
@@ -72,7 +73,7 @@ def main() -> None:
 
     executor = TorchExecutor.from_options(model="smollm2", dtype="float32", device="cpu")
     tokenizer = executor.tokenizer
-    prompts = [prompt(t) for t in TEXTS]
+    prompts = [prompt(t) for t in TEXTS[: args.prompts]]
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     run(executor, tokenizer, prompts[:1], None, 8, 1)  # warm-up
     run(executor, tokenizer, prompts[:1], spec, 8, 1)

@@ -95,14 +95,18 @@ class SpeculativeConfig(BaseModel):
         return DEFAULT_DRAFT_COST if self.method == "draft_model" else 0.0
 
 
+def speculative_json(text: str) -> dict[str, Any]:
+    """`--speculative-config`'s JSON object (vLLM's shape); ValueError naming the flag otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config: invalid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--speculative-config: expected a JSON object, got {text!r:.60}")
+    return value
+
+
 def parse_speculative_config(text: str | dict[str, Any]) -> SpeculativeConfig:
-    """`--speculative-config`'s JSON (vLLM's shape) as a `SpeculativeConfig`; ValueError naming
-    the field otherwise."""
-    if isinstance(text, str):
-        try:
-            text = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config: invalid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(text, dict):
-        raise ValueError(f"--speculative-config must be a JSON object, got {type(text).__name__}")
-    return SpeculativeConfig.model_validate(text)
+    """`--speculative-config`'s JSON (or its dict) as a `SpeculativeConfig`; ValueError naming the
+    field otherwise."""
+    return SpeculativeConfig.model_validate(speculative_json(text) if isinstance(text, str) else text)

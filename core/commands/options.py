@@ -4,13 +4,13 @@ run options, the executor and the workload they name, and the checks made before
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from ..config import ConfigError
+from ..speculative_config import speculative_json
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
@@ -36,17 +36,6 @@ def _parse_value(text: str) -> Any:
         except ValueError:
             pass
     return {"true": True, "false": False}.get(text.lower(), text)
-
-
-def speculative_flag(text: str) -> dict[str, Any]:
-    """`--speculative-config`'s JSON object (validated with the rest of `EngineConfig`)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--speculative-config: invalid JSON: {e.msg} (column {e.colno})") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"--speculative-config: expected a JSON object, got {text!r:.60}")
-    return value
 
 
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -80,7 +69,7 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             raise ConfigError(f"{source}: plugins: must be a list of plugin specs, got {listed!r:.60}")
         fields["plugins"] = [*listed, *args.plugin]
     if getattr(args, "speculative_config", None):
-        fields["speculative_config"] = speculative_flag(args.speculative_config)
+        fields["speculative_config"] = speculative_json(args.speculative_config)
         origin["speculative_config"] = flag_name("speculative_config")
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
