@@ -54,6 +54,10 @@ Every kind of hook is run where it matters:
   token per sequence, never one a wrapper banned (`ctx.ban_tokens`), and two runs must agree.
   Its answers are compared with the samplers' below it without its masks.
 
+A plugin that answers `num_draft_tokens` runs under speculative decoding (`SPECULATION`, unless
+`config` sets `speculative_config`): the checks then also hold each step's drafts to the hook's
+contract (decodes only, at most `num_speculative_tokens`, counted in the budget).
+
 The report also lists the plugin's uses of deprecated names (`report.deprecations`): a hook or
 hook argument under its old name, found when the plugin is registered, a deprecated attribute
 (`ctx.hooks`) read during the runs, and every import of a moved module path in the plugin's
@@ -81,6 +85,10 @@ from .core.plugins import deprecations
 from .core.plugins.loader import instantiate
 from .core.plugins.manager import HOOK_NAMES, SHIPPED, resolve
 from .core.workloads.build import SyntheticSpec, Workload
+
+SPECULATION = {"num_speculative_tokens": 4, "acceptance_rate": 0.6, "acceptance_concentration": 2.0}
+"""The `speculative_config` of the runs of a plugin that answers `num_draft_tokens` (unless
+`config` gives one): drafts of 4 tokens, each request's acceptance drawn around 0.6."""
 
 
 class ConformanceError(AssertionError):
@@ -187,6 +195,8 @@ def check_plugin(
 
     def setup(mode: str, with_plugin: bool = True) -> tuple[EngineConfig, list[Any]]:
         fields = dict(config or {}, preemption_mode=mode, seed=seed)
+        if hasattr(target, "num_draft_tokens") and "speculative_config" not in fields:
+            fields["speculative_config"] = SPECULATION  # its hook runs only under speculation
         if not with_plugin:
             return conformance_config(policy=base, **fields), []
         if isinstance(plugin, str):

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .speculative_config import SpeculativeConfig
+
 PreemptionMode = Literal["recompute", "swap"]
 AdmissionGate = Literal["full_prompt", "first_chunk"]
 PrefixMatch = Literal["block", "token"]
@@ -95,6 +97,9 @@ class EngineConfig(BaseModel):
       executor's `invariant_step`): a request's tokens and logprobs are bitwise the same whatever
       its companions, its chunking, its place in the batch, the policy, preemptions and prefix
       hits, at a throughput cost. The simulated executor has no numbers to fix and ignores it.
+    - `speculative_config` (default None: no speculation): speculative decoding in vLLM's shape
+      (`metroline.core.speculative_config`); a running decode then carries up to
+      `num_speculative_tokens` draft tokens a step, as the `num_draft_tokens` hook decides.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -127,6 +132,7 @@ class EngineConfig(BaseModel):
     protect_stalled: bool = True
     deterministic: bool = False
     preset: str | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

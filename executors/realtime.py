@@ -59,17 +59,26 @@ class RealtimeExecutor:
     def now(self) -> float:
         return self._clock() - self._t0
 
+    def bind(self, config: Any) -> None:
+        """The engine's config: speculative decoding's acceptance model and draft cost (as the
+        simulator's, see `SimulatedExecutor.bind`)."""
+        self.inner.bind(config)
+
     def execute(self, plan: StepPlan) -> StepResult:
         start = self.now()
         dt = self._step_time(plan)
+        accepted = None
+        if plan.drafts:
+            accepted, extra = self.inner._speculate(plan)
+            dt += extra
         self.stats.record(plan, dt)
         if self.deferred:
             self.ready_at = start + dt
-            return StepResult(self.ready_at, None)
+            return StepResult(self.ready_at, None, accepted=accepted)
         left = start + dt - self.now()
         if left > 0:
             self._sleep(left)
-        return StepResult(self.now(), None)
+        return StepResult(self.now(), None, accepted=accepted)
 
     def idle_until(self, t: float) -> None:
         left = t - self.now()

@@ -22,7 +22,7 @@ from metroline.policies.fcfs import FCFS
 from metroline.policies.static import StaticBatching
 
 FCFS_HOOKS = ["admission", "on_arrival", "on_preempted", "select_victim"]
-DEFAULT_HOOKS = ["admission", "order_running", "sample", "select_victim", "split_budget"]
+DEFAULT_HOOKS = ["admission", "num_draft_tokens", "order_running", "sample", "select_victim", "split_budget"]
 
 
 def stranger() -> Sequence:

@@ -48,6 +48,7 @@ class ShadowKV(SimulatedExecutor):
         self.host: dict[int, dict[int, int]] = {}
         self._keys: dict = {}
         self.errors: list[str] = []
+        self.drafted: list = []  # (seq, position, block) of the last step's draft slots
 
     def keys(self, seq) -> list[int]:
         """`seq`'s prefix keys: key[p] stands for its tokens 0..p (a chained hash, extended as the
@@ -70,13 +71,22 @@ class ShadowKV(SimulatedExecutor):
                 assert kind == SWAP_IN
                 self.device[dst] = dict(self.host.pop(src))
         bs = plan.block_size
+        for seq, p, block in self.drafted:  # an accepted draft's KV is its token's: it became real
+            if seq.num_computed_tokens > p and p // bs < len(seq.block_table) and seq.block_table[p // bs] == block:
+                if self.device.get(block, {}).get(p % bs) == ("draft", seq.seq_id, p):
+                    self.device[block][p % bs] = self.keys(seq)[p]
+        self.drafted = []
         for seq in plan.scheduled:
             table, keys = seq.block_table, self.keys(seq)
             for p in plan.positions(seq):
-                self.device.setdefault(table[p // bs], {})[p % bs] = keys[p]
+                if p < len(keys):
+                    self.device.setdefault(table[p // bs], {})[p % bs] = keys[p]
+                else:  # a draft token's slot: its token is known once the step verified it
+                    self.device.setdefault(table[p // bs], {})[p % bs] = ("draft", seq.seq_id, p)
+                    self.drafted.append((seq, p, table[p // bs]))
         for seq, n in plan.scheduled.items():
             table, keys = seq.block_table, self.keys(seq)
-            for p in range(seq.num_computed_tokens + n):
+            for p in range(min(seq.num_computed_tokens + n, len(keys))):
                 held = self.device.get(table[p // bs], {}).get(p % bs)
                 if held != keys[p]:
                     self.errors.append(
@@ -138,6 +148,11 @@ def scenarios(draw):
         # vLLM's own victims (its priority scheduler under priority), without the core's
         # protection of stalled requests, which the preset turns off
         config["preset"] = "vllm"
+    if draw(st.integers(0, 3)) == 0:  # speculative decoding: drafts, accepted or not, rolled back
+        config["speculative_config"] = {
+            "num_speculative_tokens": draw(st.integers(1, 4)), "acceptance_rate": draw(st.sampled_from((0.0, 0.6, 1.0))),
+            "num_lookahead_tokens": draw(st.integers(0, 2)), "seed": draw(st.integers(0, 3)),
+        }
     aborts = draw(st.lists(st.tuples(st.integers(0, 200), st.integers(0, num_requests - 1)), max_size=2))
     arrivals = sorted(draw(st.lists(st.sampled_from((0, 0, 0, 5, 30, 80)), min_size=num_requests, max_size=num_requests)))
     return rng_seed, list(zip(arrivals, requests)), config, aborts

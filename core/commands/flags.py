@@ -67,6 +67,10 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="torch executor: batch-invariant numerics, a request's tokens and logprobs bitwise the "
                    "same whatever its companions, chunking and preemptions, at a throughput cost (default: off)")
     p.add_argument("--seed", type=int, help=f"seed of the synthetic workloads and of sampling {_default('seed')}")
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help="speculative decoding in vLLM's JSON shape, e.g. '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 4}' (method ngram or draft_model with model; "
+                   "prompt_lookup_min/max; the simulator's acceptance_rate; default: none)")
     p.add_argument("--preset", help="a bundle of scheduler options that reproduces a real engine "
                    "(vllm); explicit flags and config keys override it (default: none)")
     p.add_argument("--config", metavar="PATH", help="TOML or JSON file of EngineConfig fields, plugin "
@@ -249,6 +253,10 @@ def generate_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float)
     p.add_argument("--seed", type=int, help="per-request sampling seed: the same tokens whatever the batch")
     p.add_argument("--stop", action="append", metavar="TEXT", help="stop string (repeatable)")
+    p.add_argument("--speculative-config", metavar="JSON",
+                   help="speculative decoding in vLLM's JSON shape, e.g. '{\"method\": \"ngram\", "
+                   "\"num_speculative_tokens\": 4}' (method ngram or draft_model with model; "
+                   "prompt_lookup_min/max; the simulator's acceptance_rate; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
     template = p.add_mutually_exclusive_group()
     template.add_argument("--chat", action="store_true",

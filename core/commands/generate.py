@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..requests.sequence import FinishReason
+from ..speculative_config import speculative_json
 from .options import fit_config, make_executor
 
 
@@ -84,6 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if executor.tokenizer is None:
         raise ValueError(f"--model {args.model}: has no tokenizer, cannot encode text prompts")
     fields = {k: getattr(args, k) for k in ("num_blocks", "block_size") if getattr(args, k) is not None}
+    if args.speculative_config:
+        fields["speculative_config"] = speculative_json(args.speculative_config)
     config = EngineConfig.model_validate(fields)
     config = fit_config(config, executor, set(fields))
     chat = use_chat_template(executor.tokenizer, args.chat, args.raw)

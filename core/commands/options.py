@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..config import ConfigError
+from ..speculative_config import speculative_json
 
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
@@ -69,6 +70,9 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if not isinstance(listed, list):
             raise ConfigError(f"{source}: plugins: must be a list of plugin specs, got {listed!r:.60}")
         fields["plugins"] = [*listed, *args.plugin]
+    if getattr(args, "speculative_config", None):
+        fields["speculative_config"] = speculative_json(args.speculative_config)
+        origin["speculative_config"] = flag_name("speculative_config")
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
         origin["enable_prefix_caching"] = flag_name("enable_prefix_caching")

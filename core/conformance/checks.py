@@ -46,6 +46,9 @@ class CheckingExecutor:
     def now(self) -> float:
         return self.inner.now()
 
+    def bind(self, config: Any) -> None:
+        self.inner.bind(config)
+
     def idle_until(self, t: float) -> None:
         self.inner.idle_until(t)
 
@@ -67,8 +70,12 @@ class CheckingExecutor:
         for seq, n in plan.scheduled.items():
             if seq.state is not SeqState.RUNNING or seq not in scheduler.running:
                 self._fail(f"step {step}: scheduled {seq!r} is not running")
-            if n < 1 or seq.num_computed_tokens + n > len(seq.token_ids):
+            drafts = plan.drafts.get(seq, 0) if plan.drafts else 0
+            if n < 1 or seq.num_computed_tokens + n - drafts > len(seq.token_ids):
                 self._fail(f"step {step}: {seq!r} scheduled {n} tokens beyond its known tokens")
+            if drafts and (n != 1 + drafts or not seq.is_decoding
+                           or drafts > config.speculative_config.num_speculative_tokens):
+                self._fail(f"step {step}: {seq!r} carries {drafts} drafts in {n} tokens")
         try:
             engine.pool.check_invariants([s.block_table for s in scheduler.running])
         except AssertionError as exc:
@@ -125,6 +132,9 @@ def check_drained(engine: Any, label: str, failures: list[str]) -> None:
 
 def check_calls(calls: Counter, config: EngineConfig, label: str, failures: list[str]) -> None:
     limits = dict(PER_STEP_LIMITS, select_victim=2 * config.max_num_seqs + REFUSALS_PER_STEP + 1)
+    spec = config.speculative_config
+    if spec is not None:  # sample: once more per position of accepted drafts
+        limits.update(num_draft_tokens=1, sample=1 + spec.num_speculative_tokens)
     worst: dict[str, tuple[int, int]] = {}
     for (hook, step), n in calls.items():
         if n > worst.get(hook, (0, 0))[0]:

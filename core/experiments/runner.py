@@ -88,7 +88,16 @@ def result_of(
     deadlines = deadline_figures(engine.metrics.requests, getattr(engine.metrics, "deadlines", {}))
     if deadlines is not None:
         doc["deadlines"] = deadlines
+    speculation = engine.scheduler.speculation
+    if speculation is not None:  # vLLM's counters, and the figures the summary shows
+        doc["speculation"] = figures = speculation.counters.as_dict()
+        for key in SPECULATION_FIGURES:
+            doc["summary"][key] = figures[key]
     return doc
+
+
+SPECULATION_FIGURES = ("acceptance_rate", "mean_acceptance_length", "tokens_per_request_step", "draft_tokens_thrown_away")
+"""The speculation figures a run's summary gets (under speculative decoding)."""
 
 
 def replay(

@@ -115,6 +115,29 @@ def order_running(ctx: StepContext, running: list[Sequence]) -> Iterable[Sequenc
 
 
 @hookspec(firstresult=True)
+def num_draft_tokens(ctx: StepContext, decodes: list[Sequence], max_drafts: int) -> list[int] | None:
+    """How many draft tokens each running decode carries this step (speculative decoding).
+
+    Args:
+        decodes: the running sequences that decode (only their newest token lacks KV), in
+            admission order. `seq.num_draft_tokens` and `seq.num_accepted_tokens` say how its
+            drafts fared so far.
+        max_drafts: `speculative_config.num_speculative_tokens`, the most one decode may carry.
+
+    Returns:
+        One int in `[0, max_drafts]` per decode (0: no drafts). A decode with `k` drafts is
+        scheduled `1 + k` tokens, charged to the decode share (the drafts' tokens are moved there
+        from the prefill share), and advances by its accepted drafts plus one; the scheduler may
+        give it fewer (the budget left, `max_new_tokens`, `max_model_len`, or blocks too few for
+        them: drafts never preempt). The default gives every decode `max_drafts`; the shipped
+        `adaptive_speculation` fewer as the batch grows and as a request's drafts fail.
+
+    Called once per step when `speculative_config` is set and sequences decode, after
+    `split_budget`.
+    """
+
+
+@hookspec(firstresult=True)
 def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int] | None:
     """The next token of each sequence in `seqs`, from its row of `logits`.
 
@@ -144,7 +167,10 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: in
         call: its token is dropped and it ends as failed, while an exception fails every
         sequence of the step.
 
-    Called once per step that has sequences to sample, after the executor ran.
+    Called once per step that has sequences to sample, after the executor ran; under speculative
+    decoding once more for each position of accepted drafts, with the sequences whose last token
+    equalled their draft and the rows that follow it (`seq.token_ids` holds the tokens accepted
+    so far, so a sequence sees what it would see without speculation).
     """
 
 

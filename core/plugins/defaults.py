@@ -8,6 +8,7 @@ the hooks it cares about.
 - `split_budget`: decodes first (one token each), the rest of the budget to prefill, chunks capped
   at `max_prefill_chunk` when the step starts with more than one request (`EngineConfig.chunk_cap`);
 - `order_running`: admission order;
+- `num_draft_tokens`: `max_drafts` for every decode (speculative decoding's fixed `k`);
 - `sample`: stand-in tokens in simulation (skipping tokens a wrapper banned); otherwise, on
   `ctx.adjusted_logits(logits)`, `metroline.core.requests.sampling.Sampler` (greedy,
   temperature, top-k/top-p/min-p, penalties, seeds; vectorised when the logits are a tensor).
@@ -66,6 +67,10 @@ class DefaultPolicy:
     @hookimpl(trylast=True)
     def order_running(self, running: list[Sequence]) -> list[Sequence]:
         return running
+
+    @hookimpl(trylast=True)
+    def num_draft_tokens(self, decodes: list[Sequence], max_drafts: int) -> list[int]:
+        return [max_drafts] * len(decodes)
 
     @hookimpl(trylast=True)
     def sample(self, ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int]:

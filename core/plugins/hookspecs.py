@@ -17,6 +17,7 @@ parsed from this list and the tests check every step against it (tests/test_hook
 
     on_arrival?                    the requests that arrived since the last step
     split_budget                   every step
+    num_draft_tokens?              speculative decoding on and sequences decode
     order_running?                 when sequences run
     select_victim*                 blocks for the running sequences: once per victim
     on_preempted?                  their victims, before admission
@@ -25,7 +26,7 @@ parsed from this list and the tests check every step against it (tests/test_hook
     on_preempted?                  the rescue's victims (the core chose them: no select_victim)
     on_admitted?                   the step's admissions, then the samples forked in it
     on_preempted?                  the victims not told yet
-    sample?                        when sequences reached the end of their known tokens
+    sample*                        when sequences reached the end of their known tokens; again per accepted draft
     on_tokens?                     the sequences that got a token
     on_step_end                    every step, an empty one included
     on_finished?                   the reap: the sequences that ended in the step
@@ -60,6 +61,7 @@ from .decision_hooks import (
     select_victim,
     split_budget,
     order_running,
+    num_draft_tokens,
     sample,
     estimate_output_tokens,
 )
@@ -80,6 +82,7 @@ __all__ = [
     "select_victim",
     "split_budget",
     "order_running",
+    "num_draft_tokens",
     "sample",
     "estimate_output_tokens",
     "check_request",
@@ -92,7 +95,9 @@ __all__ = [
     "on_step_end",
 ]
 
-DECISION_HOOKS = ("admission", "select_victim", "split_budget", "order_running", "sample", "estimate_output_tokens")
+DECISION_HOOKS = (
+    "admission", "select_victim", "split_budget", "order_running", "num_draft_tokens", "sample", "estimate_output_tokens",
+)
 OBSERVER_HOOKS = ("on_arrival", "on_admitted", "on_preempted", "on_tokens", "on_finished", "on_step_end")
 EDGE_HOOKS = ("check_request",)
 ROUTING_HOOKS = ("route",)

@@ -45,6 +45,8 @@ SHIPPED: dict[str, str] = {
     "weighted_budget": "metroline.policies.budget_split:WeightedBudget",
     "reserve": "metroline.policies.reserve:ReserveBlocks",
     "auto_preemption": "metroline.policies.auto_preemption:AutoPreemption",
+    # how much to speculate (answers num_draft_tokens under speculative_config)
+    "adaptive_speculation": "metroline.policies.speculation:AdaptiveSpeculation",
     # output-length estimators (answer estimate_output_tokens under any policy)
     "length_mean": "metroline.policies.length_estimators:LengthMean",
     "length_regression": "metroline.policies.length_estimators:LengthRegression",

@@ -73,6 +73,8 @@ class Sequence:
       `first_token_time`, `finish_time` (None until they happen), `token_times`.
     - `logprobs` (with `sampling.logprobs = k`, else None): one `(logprob, top)` per output token,
       `top` the `k` most likely `(token, logprob)` pairs, from the raw logits.
+    - `num_draft_tokens`, `num_accepted_tokens`: under speculative decoding, the draft tokens
+      verified for this sequence so far and how many of them were accepted
     - `text`: the detokenised output so far, cut before a stop string (None when the engine has
       no tokenizer); its incremental state is `detok`.
     """
@@ -85,7 +87,7 @@ class Sequence:
         "num_preemptions", "num_cached_prompt_tokens", "recomputed_tokens", "num_lost_tokens", "admitted_seq_no",
         "first_scheduled_time", "prefill_done_time", "first_token_time", "finish_time",
         "token_times", "parent", "children", "detok",
-        "max_computed", "stalls", "stall_mark", "logprobs",
+        "max_computed", "stalls", "stall_mark", "logprobs", "num_draft_tokens", "num_accepted_tokens",
     )
 
     def __init__(
@@ -146,6 +148,8 @@ class Sequence:
         self.max_computed = 0
         self.stalls = 0
         self.stall_mark = -1
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = (
             [] if sampling.logprobs is not None else None)
 

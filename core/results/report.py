@@ -59,9 +59,16 @@ HEADLINE = (
     ("slot utilisation", "slot_utilization", fmt_pct),
     ("prefill share", "prefill_token_share", fmt_pct),
     ("zero-decode steps", "zero_decode_steps", fmt_int),
+    ("draft acceptance", "acceptance_rate", fmt_pct),
+    ("mean accepted len", "mean_acceptance_length", lambda v: fmt_float(v, 2)),
+    ("tokens / req-step", "tokens_per_request_step", lambda v: fmt_float(v, 2)),
+    ("drafts thrown away", "draft_tokens_thrown_away", fmt_int),
 )
-ONLY_WHEN_PRESENT = frozenset({"unfinished"})
-"""Headline keys shown only when a summary has them (`unfinished`: a run with a `--horizon`)."""
+ONLY_WHEN_PRESENT = frozenset({
+    "unfinished", "acceptance_rate", "mean_acceptance_length", "tokens_per_request_step", "draft_tokens_thrown_away",
+})
+"""Headline keys shown only when a summary has them (`unfinished`: a run with a `--horizon`; the
+speculation figures: a run with speculative decoding)."""
 
 
 def _title(doc: dict) -> str:

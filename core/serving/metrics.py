@@ -23,6 +23,7 @@ class ServerMetrics:
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         r = self.registry = CollectorRegistry()
         self.budget = max_num_batched_tokens
+        self._spec: dict[str, Any] | None = None  # speculative decoding's counters, made at its first step
         self.waiting = Gauge("metroline_waiting_requests", "Requests waiting for admission", registry=r)
         self.running = Gauge("metroline_running_requests", "Running sequences", registry=r)
         self.swapped = Gauge("metroline_swapped_requests", "Sequences swapped out to host memory", registry=r)
@@ -95,11 +96,39 @@ class ServerMetrics:
         for t, n in served.items():
             self.tokens.labels(t).inc(n)
         s, pool = engine.scheduler, engine.pool
+        if s.speculation is not None:
+            self._speculation(s.speculation.counters)
         self.waiting.set(len(s.waiting))
         self.running.set(len(s.running))
         self.swapped.set(len(s.swapped))
         self.free_blocks.set(pool.num_free_blocks())
         self.cached_blocks.set(pool.num_cached_blocks())
+
+    def _speculation(self, counters: Any) -> None:
+        """Speculative decoding's counters, named as vLLM's (`vllm:spec_decode_num_drafts`, ...):
+        request-steps with drafts, draft tokens, accepted tokens, and accepted tokens by position."""
+        if self._spec is None:
+            r = self.registry
+            self._spec = {
+                "num_drafts": Counter("metroline_spec_decode_num_drafts", "Request-steps that carried drafts", registry=r),
+                "num_draft_tokens": Counter("metroline_spec_decode_num_draft_tokens", "Draft tokens verified", registry=r),
+                "num_accepted_tokens": Counter("metroline_spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                               registry=r),
+                "per_pos": Counter("metroline_spec_decode_num_accepted_tokens_per_pos",
+                                   "Draft tokens accepted at each position of a run", ["position"], registry=r),
+            }
+            self._spec_seen = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+            self._per_pos_seen = [0] * len(counters.accepted_per_pos)
+        seen = self._spec_seen
+        for key in seen:
+            now = getattr(counters, key)
+            if now > seen[key]:
+                self._spec[key].inc(now - seen[key])
+                seen[key] = now
+        for i, now in enumerate(counters.accepted_per_pos):
+            if now > self._per_pos_seen[i]:
+                self._spec["per_pos"].labels(str(i)).inc(now - self._per_pos_seen[i])
+                self._per_pos_seen[i] = now
 
     def backpressure(self, paused: int, pauses: int) -> None:
         """The engine loop's pause figures: `paused` now, `pauses` since it started."""

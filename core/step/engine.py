@@ -145,7 +145,7 @@ class Engine(Intake):
         self.last_step_progressed = self.scheduler.progresses(plan)
         self.scheduler.commit(plan)  # commit: the scheduled sequences advance
         try:
-            self._sample(plan, result.logits, result.time, outputs)  # sample, append, stop (on_tokens)
+            self._sample(plan, result.logits, result.time, outputs, result)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
             self._reap_after(exc, recovery.of_plan(plan), result.time)

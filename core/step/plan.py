@@ -20,13 +20,21 @@ class StepPlan:
     - `scheduled`: sequence -> number of tokens to compute this step, in batch order. A sequence's
       tokens are `seq.token_ids[start:start + n]` at positions `start...start + n - 1`, with
       `start = seq.num_computed_tokens` (the scheduler advances it only after the step ran).
-    - `decodes`: the scheduled sequences whose one token is charged to the decode share.
+    - `decodes`: the scheduled sequences whose tokens are charged to the decode share (one, plus
+      their drafts).
+    - `drafts`: the decodes that carry draft tokens this step (speculative decoding) -> how many,
+      `k`. Such a decode is scheduled `1 + k` tokens: its newest token, at position
+      `start = seq.num_computed_tokens`, then the `k` positions after it, whose tokens the
+      executor's drafter proposes (`StepResult.draft_tokens`, at most `k`); its KV slots cover
+      them (and the config's lookahead). After the step it advances by the accepted drafts plus
+      one (`metroline.core.step.speculation`).
     - `block_ops`: `(kind, src, dst)` copies and swaps to run, in order, before the forward pass
       (kinds in `metroline.kv_backends.block_ops`).
     - `sample_seqs`: the scheduled sequences that reach the end of their known tokens this step
       (a decode, or the last chunk of a prefill): the executor returns one row of logits for each,
       in this order.
-    - token counts for cost models and metrics: `num_prefill_tokens`, `num_decode_tokens`, and
+    - token counts for cost models and metrics: `num_prefill_tokens`, `num_decode_tokens` (drafts
+      included), `num_draft_tokens` (the drafts to verify), and
       `num_context_tokens` (KV tokens the attention reads: the sum of `start + n`).
     - `admitted`, `preempted`: the sequences admitted (in admission order) and preempted (in
       preemption order) while the plan was made.
@@ -38,7 +46,7 @@ class StepPlan:
     """
 
     __slots__ = (
-        "step", "scheduled", "decodes", "block_ops", "num_prefill_tokens", "num_decode_tokens",
+        "step", "scheduled", "decodes", "drafts", "num_draft_tokens", "block_ops", "num_prefill_tokens", "num_decode_tokens",
         "num_context_tokens", "preempted", "admitted", "block_size", "sample_seqs",
         "forked", "fork_rows", "decode_left", "prefill_left", "prefills_left",
     )
@@ -48,6 +56,8 @@ class StepPlan:
         self.block_size = block_size
         self.scheduled: dict[Sequence, int] = {}
         self.decodes: set[Sequence] = set()
+        self.drafts: dict[Sequence, int] = {}
+        self.num_draft_tokens = 0
         self.block_ops: list[tuple[int, int, int]] = []
         self.num_prefill_tokens = 0
         self.num_decode_tokens = 0
@@ -75,8 +85,8 @@ class StepPlan:
         self.num_context_tokens += seq.num_computed_tokens + n
         if decode:
             self.decodes.add(seq)
-            self.num_decode_tokens += 1
-            self.decode_left -= 1
+            self.num_decode_tokens += n
+            self.decode_left -= n
         else:
             self.num_prefill_tokens += n
             self.prefill_left -= n
@@ -94,8 +104,9 @@ class StepPlan:
         self.num_context_tokens -= seq.num_computed_tokens + n
         if seq in self.decodes:
             self.decodes.discard(seq)
-            self.num_decode_tokens -= 1
-            self.decode_left += 1
+            self.num_decode_tokens -= n
+            self.decode_left += n
+            self.num_draft_tokens -= self.drafts.pop(seq, 0)
         else:
             self.num_prefill_tokens -= n
             self.prefill_left += n
@@ -106,6 +117,9 @@ class StepPlan:
         `StepState`): fixes `sample_seqs` from the scheduled sequences."""
         warn_attribute("StepPlan.seal", None, sys._getframe(1))
         self.sample_seqs = [s for s, n in self.scheduled.items() if s.num_computed_tokens + n == len(s.token_ids)]
+        if self.drafts:  # a drafting decode samples its newest token's row first
+            self.sample_seqs = [s for s in self.scheduled if s in self.drafts or s.num_computed_tokens
+                                + self.scheduled[s] == len(s.token_ids)]
 
     @property
     def num_seqs(self) -> int:
@@ -128,6 +142,11 @@ class StepPlan:
     def swap_ins(self) -> list[tuple[int, int]]:
         return [(s, d) for k, s, d in self.block_ops if k == SWAP_IN]
 
+    def draft_positions(self, seq: Sequence) -> range:
+        """The positions of `seq`'s draft tokens this step (empty when it carries none)."""
+        start = seq.num_computed_tokens + 1
+        return range(start, start + self.drafts.get(seq, 0))
+
     def positions(self, seq: Sequence) -> range:
         start = seq.num_computed_tokens
         return range(start, start + self.scheduled[seq])
@@ -143,10 +162,24 @@ class StepResult:
 
     `logits` is whatever the sampler understands (a tensor of shape `[len(sample_seqs), vocab]`
     for a real model, None for the simulator, whose tokens are stand-ins).
+
+    With drafts in the plan (`StepPlan.drafts`): a real executor gives `draft_tokens`, each
+    drafting sequence's proposed tokens (at most its `k`, in `plan.drafts` order), and
+    `draft_logits`, one row per draft token in that order (the target's logits after it: its
+    row in `logits` verifies its first draft, its row after draft `j` the draft `j + 1`, and the
+    row after its last draft gives the bonus token);
+    the simulator gives `accepted` instead, how many drafts of each sequence its acceptance model
+    accepts (`metroline.core.step.speculation` verifies either).
     """
 
-    __slots__ = ("time", "logits")
+    __slots__ = ("time", "logits", "draft_tokens", "draft_logits", "accepted")
 
-    def __init__(self, time: float, logits: Any = None) -> None:
+    def __init__(
+        self, time: float, logits: Any = None, *, draft_tokens: dict[Sequence, list[int]] | None = None,
+        draft_logits: Any = None, accepted: dict[Sequence, int] | None = None,
+    ) -> None:
         self.time = time
         self.logits = logits
+        self.draft_tokens = draft_tokens
+        self.draft_logits = draft_logits
+        self.accepted = accepted

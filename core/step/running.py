@@ -12,17 +12,19 @@ if TYPE_CHECKING:
     from ..plugins.manager import PluginManager
     from ..requests.sequence import Sequence
     from .context import StepContext
+    from .speculation import Speculation
     from .step_state import StepState
     from .victim_loop import VictimLoop
 
 
 def serve_running(
     plugins: PluginManager, ctx: StepContext, running: dict[Sequence, None], pool: BlockPool, room: VictimLoop,
-    step: StepState,
+    step: StepState, speculation: Speculation | None = None,
 ) -> None:
     """Give the `running` sequences, in `order_running`'s order (tenants with a reserve first,
     see `Reserves.served_first`), a decode token or their next prefill chunk, with blocks from
-    `pool` or, when they run out, from victims (`room`)."""
+    `pool` or, when they run out, from victims (`room`). A decode that `speculation` gave drafts
+    this step is served with them (`Speculation.serve`)."""
     seqs = list(running)
     order = plugins.hook.order_running(ctx=ctx, running=seqs)
     if step.reserves is not None:
@@ -31,6 +33,7 @@ def serve_running(
     scheduled, grow, schedule = step.plan.scheduled, room.grow, step.schedule
     allocate, ops = pool.allocate_slots, step.plan.block_ops  # `grow` without a call, when blocks are free
     max_chunk = step.max_chunk
+    speculate = speculation.serve if speculation is not None and speculation.drafts else None
     for seq in order:
         if members is not None and seq not in members:
             raise plugins.invalid("order_running", f"{seq!r} is not a running sequence")
@@ -40,6 +43,9 @@ def serve_running(
         computed = seq.num_computed_tokens
         if computed == known - 1 and known > seq.num_prompt_tokens:  # decoding
             if step.decode_left <= 0:
+                continue
+            if speculate is not None:
+                speculate(seq, pool, room, step)
                 continue
             if allocate(seq.block_table, computed, 1, ops) or grow(seq, 1, step):
                 schedule(seq, 1, True)

@@ -17,7 +17,7 @@ from .outputs import RequestOutput
 if TYPE_CHECKING:
     from ..plugins.manager import PluginManager
     from .outputs import Appender
-    from .plan import StepPlan
+    from .plan import StepPlan, StepResult
     from .scheduler import Scheduler
 
 
@@ -39,15 +39,32 @@ class SamplePhase:
         self.sample_mode = sample_mode
         self.failures: list[tuple[Sequence, str]] = []  # `ctx.fail` during the step's sample hook
 
-    def __call__(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None) -> None:
+    def __call__(self, plan: StepPlan, logits: Any, now: float, outputs: list[RequestOutput] | None,
+                 result: StepResult | None = None) -> None:
         """Sample the next token of the plan's `sample_seqs` and this step's forks (from their
         parents' rows), record logprobs asked for, append the tokens, check the stop conditions,
-        stream."""
+        stream. With drafts in the plan, `result`'s drafts are verified then
+        (`metroline.core.step.speculation`)."""
         seqs = plan.sample_seqs
         if plan.forked:
             seqs, logits = seqs + plan.forked, with_rows(logits, plan.fork_rows)
         if not seqs:
             return
+        seqs = self.draw(seqs, logits, now, outputs)
+        speculation = self.scheduler.speculation
+        if speculation is not None and result is not None:
+            more = speculation.after_step(plan, result, lambda s, rows: self.draw(s, rows, now, outputs),
+                                          self.scheduler.pool, self.scheduler.config.enable_prefix_caching)
+            if more:
+                seqs = list(dict.fromkeys(seqs + more))
+        hook = self.plugins.hook
+        if hook.on_tokens.get_hookimpls():
+            hook.on_tokens(ctx=self.scheduler.ctx, seqs=seqs)
+
+    def draw(self, seqs: list[Sequence], logits: Any, now: float, outputs: list[RequestOutput] | None) -> list[Sequence]:
+        """One token for each of `seqs` from its row of `logits` (the `sample` hook), its
+        logprobs, appended and checked for stops; returns the sequences that got it (not failed
+        by `ctx.fail`)."""
         hook, ctx = self.plugins.hook, self.scheduler.ctx
         ctx._failures = failures = self.failures  # what `ctx.fail` asks for during the hook
         ctx._masks = masks = LogitMasks(seqs)  # what `ctx.ban_tokens` & co. ask for
@@ -70,8 +87,7 @@ class SamplePhase:
         if failures:
             seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self.appender.append(seqs, tokens, now, outputs)
-        if hook.on_tokens.get_hookimpls():
-            hook.on_tokens(ctx=ctx, seqs=seqs)
+        return seqs
 
     def _fail_sampled(
         self, seqs: list[Sequence], tokens: list[int], now: float, outputs: list[RequestOutput] | None

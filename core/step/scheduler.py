@@ -34,6 +34,7 @@ from .rescue import Rescue
 from .reserves import release_reserves
 from .running import serve_running
 from .split import split_budget
+from .speculation import Speculation
 from .step_prefix import StepPrefix
 from .step_state import StepState
 from .victim_loop import VictimLoop
@@ -64,6 +65,8 @@ class Scheduler:
         self.num_decoding = 0
         self.total_preemptions = 0
         self.last_offered = False
+        spec = config.speculative_config
+        self.speculation = Speculation(spec, plugins, config.max_model_len) if spec is not None else None
 
     @property
     def rescues(self) -> int:
@@ -124,9 +127,12 @@ class Scheduler:
         step = self._start_step(now)  # on_arrival
         self.num_decoding = split_budget(self.plugins, self.ctx, self.queues, self._budget, step)  # split_budget
         plan = step.plan
+        if self.speculation is not None and self.running:
+            self.speculation.decide(self, step)  # num_draft_tokens
         step.offered = bool(self.running)
         if self.running:
-            serve_running(self.plugins, self.ctx, self.running, self.pool, self.room, step)  # order_running
+            serve_running(self.plugins, self.ctx, self.running, self.pool, self.room, step,
+                          self.speculation)  # order_running, select_victim
         if (self.waiting or self.swapped) and (self.admission.admit_after_preemption or not plan.preempted):
             step.announce_preempted()  # the victims are back in their queues, in their place
             self.admission.admit(step)  # admission, select_victim

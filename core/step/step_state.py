@@ -61,18 +61,24 @@ class StepState:
         at most `prefills` chunks."""
         self.decode_left, self.prefill_left, self.prefills_left = decode, prefill, prefills
 
-    def schedule(self, seq: Sequence, n: int, decode: bool) -> None:
+    def schedule(self, seq: Sequence, n: int, decode: bool, drafts: int = 0) -> None:
         """Put `n` tokens of `seq` (from `seq.num_computed_tokens` on) in the plan, spending the
-        budget (`decode`: its one token is charged to the decode share). The blocks they fill are
-        indexed now, so that a request admitted later in this step shares them (`StepPrefix`)."""
+        budget (`decode`: its tokens are charged to the decode share; `drafts`: the last `drafts`
+        of them are draft tokens, `StepPlan.drafts`). The blocks they fill are indexed now, so
+        that a request admitted later in this step shares them (`StepPrefix`); a draft's slot is
+        never indexed (it is not verified yet)."""
         plan = self.plan
         plan.scheduled[seq] = n
         computed = seq.num_computed_tokens
         plan.num_context_tokens += computed + n
         if decode:
             plan.decodes.add(seq)
-            plan.num_decode_tokens += 1
-            self.decode_left -= 1
+            plan.num_decode_tokens += n
+            self.decode_left -= n
+            if drafts:
+                plan.drafts[seq] = drafts
+                plan.num_draft_tokens += drafts
+                n -= drafts
         else:
             plan.num_prefill_tokens += n
             self.prefill_left -= n
@@ -97,8 +103,9 @@ class StepState:
         plan.num_context_tokens -= seq.num_computed_tokens + n
         if seq in plan.decodes:
             plan.decodes.discard(seq)
-            plan.num_decode_tokens -= 1
-            self.decode_left += 1
+            plan.num_decode_tokens -= n
+            self.decode_left += n
+            plan.num_draft_tokens -= plan.drafts.pop(seq, 0)
         else:
             plan.num_prefill_tokens -= n
             self.prefill_left += n
@@ -120,7 +127,8 @@ class StepState:
         """The finished plan: its `sample_seqs` fixed from the scheduled sequences (before they
         advance past the step's tokens), the budget left unused recorded in it."""
         plan = self.plan
-        plan.sample_seqs = [s for s, n in plan.scheduled.items() if s.num_computed_tokens + n == len(s.token_ids)]
+        drafts = plan.drafts  # a drafting decode samples its newest token's row first
+        plan.sample_seqs = [s for s, n in plan.scheduled.items() if s in drafts or s.num_computed_tokens + n == len(s.token_ids)]
         plan.decode_left, plan.prefill_left, plan.prefills_left = self.decode_left, self.prefill_left, self.prefills_left
         return plan
 

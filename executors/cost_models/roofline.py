@@ -78,12 +78,12 @@ def attention_pairs(plan: StepPlan) -> float:
     """Query-key pairs the step's attention computes under the causal mask.
 
     A sequence computing `n` tokens after `start` cached ones attends `n x start + n(n+1)/2` pairs.
-    A decode-only step (n = 1 each) has exactly `num_context_tokens` pairs, found in O(1); a step
+    A decode-only step without drafts (n = 1 each) has exactly `num_context_tokens` pairs, found in O(1); a step
     with prefill walks its sequences. A hand-built plan with counters but no `scheduled` falls back
     to `num_tokens x num_context_tokens / max(1, num_seqs)` (exact for one full-context sequence,
     ignoring the mask).
     """
-    if not plan.num_prefill_tokens:
+    if not plan.num_prefill_tokens and not plan.num_draft_tokens:
         return plan.num_context_tokens
     if plan.scheduled:
         return sum(n * s.num_computed_tokens + n * (n + 1) // 2 for s, n in plan.scheduled.items())
@@ -93,8 +93,8 @@ def attention_pairs(plan: StepPlan) -> float:
 class RooflineCostModel:
     """Step time = max(compute time, memory time) + overhead + block-op transfer time.
 
-    - compute: `2 x layer params x tokens + 2 x LM-head params x num_seqs` (logits for each
-      scheduled sequence) `+ 4 x layers x num_heads x head_dim x attention pairs` (QK^T and AV; see
+    - compute: `2 x layer params x tokens + 2 x LM-head params x rows` (logits for each
+      scheduled sequence, and for each draft token it verifies) `+ 4 x layers x num_heads x head_dim x attention pairs` (QK^T and AV; see
       `attention_pairs`), at `gpu.flops x flops_efficiency`.
     - memory: the weights once, plus KV read (`kv_bytes_per_token x num_context_tokens`) and
       written (`kv_bytes_per_token x num_tokens`), at `gpu.bandwidth x bandwidth_efficiency`.
@@ -163,7 +163,8 @@ class RooflineCostModel:
         compute = memory = transfer = 0.0
         n = plan.num_tokens
         if n:
-            flops = (self._flops_per_token * n + self._flops_per_logit_row * plan.num_seqs
+            rows = plan.num_seqs + plan.num_draft_tokens  # a drafting decode verifies a row per draft
+            flops = (self._flops_per_token * n + self._flops_per_logit_row * rows
                      + self._flops_per_pair * attention_pairs(plan))
             compute = flops / self._flops
             kv_bytes = self._kv_read * (plan.num_context_tokens + n)

@@ -20,6 +20,7 @@ import torch
 from ...core.step.plan import StepPlan, StepResult
 from ..base import ExecutorStats
 from . import attention, invariant_step, linear, support
+from .drafters import make_drafter
 from .kv_cache import PagedKVCache, kv_bytes_per_token
 from .invariant_sampling import RowwiseTorchSampler
 from .sampling import TorchSampler
@@ -75,6 +76,8 @@ class TorchExecutor:
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
         self.deterministic = False
+        self.drafter: Any = None
+        self.draft_model: Any = None  # a loaded draft model for `speculative_config.method = "draft_model"`
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
@@ -130,6 +133,9 @@ class TorchExecutor:
         self.kv = None
         deterministic = bool(getattr(config, "deterministic", False))
         if deterministic:
+            if getattr(config, "speculative_config", None) is not None:
+                raise ValueError("deterministic: speculative decoding is not supported in the deterministic mode "
+                                 "(its tiled forward verifies no drafts); drop speculative_config or deterministic")
             invariant_step.check_model(self.model.config)
             self._invariant_ops = invariant_step.attention_ops(self.device)
         self.deterministic = deterministic
@@ -137,6 +143,7 @@ class TorchExecutor:
             self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,
             self.head_dim, self.dtype, self.device, config.swap_space_blocks,
         )
+        self.drafter = make_drafter(getattr(config, "speculative_config", None), self, self.draft_model)
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
@@ -164,14 +171,21 @@ class TorchExecutor:
         with torch.inference_mode():
             if plan.block_ops:
                 self.kv.run_block_ops(plan.block_ops)
-            logits = self._forward(plan) if plan.scheduled else None
+            drafts = self.drafter.propose(plan) if plan.drafts else None
+            logits = self._forward(plan, drafts) if plan.scheduled else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = self.now()
         self.stats.record(plan, end - start)
+        if drafts is not None:  # the rows after the sampled ones verify the drafts
+            n = len(plan.sample_seqs)
+            return StepResult(end, logits[:n], draft_tokens=drafts, draft_logits=logits[n:])
         return StepResult(end, logits)
 
-    def _forward(self, plan: StepPlan) -> torch.Tensor:
+    def _forward(self, plan: StepPlan, drafts: dict | None = None) -> torch.Tensor:
+        """The packed forward; a drafting sequence's tokens are its newest and its `drafts`, and
+        the rows kept are each sample sequence's last known token, then each draft (in order).
+        In the deterministic mode (which refuses speculation), the forward runs in fixed tiles."""
         if self.deterministic:
             return invariant_step.forward_tiles(self.model, plan, self.kv, self._invariant_ops,
                                                 self.kv.num_blocks - 2)
@@ -185,15 +199,16 @@ class TorchExecutor:
         last_row: dict[Any, int] = {}
         for seq, n in plan.scheduled.items():
             first = seq.num_computed_tokens
-            end = first + n
-            ids.extend(seq.token_ids[first:end])
+            proposed = drafts.get(seq) if drafts else None
+            end = first + (n if proposed is None else 1 + len(proposed))
+            ids.extend(seq.token_ids[first:end] if proposed is None else [seq.token_ids[first], *proposed])
             positions.extend(range(first, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
-            starts.append(starts[-1] + n)
+            starts.append(starts[-1] + end - first)
             seq_lens.append(end)
             tables.append(table[: (end + bs - 1) // bs])
-            last_row[seq] = starts[-1] - 1
+            last_row[seq] = starts[-1] - 1 if proposed is None else starts[-2]
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device
@@ -204,7 +219,10 @@ class TorchExecutor:
             torch.tensor(starts, dtype=torch.int32, device=dev),
             self.kv.k_layers, self.kv.v_layers, self.ops,
         )
-        keep = torch.tensor([last_row[s] for s in plan.sample_seqs], dtype=torch.int64, device=dev)
+        rows = [last_row[s] for s in plan.sample_seqs]
+        if drafts:
+            rows += [last_row[s] + 1 + j for s, d in drafts.items() for j in range(len(d))]
+        keep = torch.tensor(rows, dtype=torch.int64, device=dev)
         with attention.active_step(meta), linear.active():
             out = self.model(
                 input_ids=torch.tensor([ids], device=dev),

@@ -1,0 +1,118 @@
+"""Speculative decoding and continuous batching in the simulator: where their gains add, multiply,
+or speculation hurts; and the adaptive draft count against fixed ones at high load.
+
+Part 1 (throughput and P99 TPOT against the acceptance rate, 0.2 to 0.9): the Azure conversation
+trace's first requests, llama-3-8b on an A100 (the default roofline cost model), a draft model at
+`draft_cost` of the target's forward (default 0.05) with `k` drafts, under
+
+- neither: batch 1 (`max_num_seqs 1`), no speculation: the baseline;
+- continuous batching alone: `max_num_seqs 64`;
+- speculation alone: batch 1 with `k` drafts;
+- both: batch 64 with `k` drafts.
+
+Gains are throughputs over the baseline's; "sum" is `g_cb + g_spec - 1` and "product" `g_cb x
+g_spec`; the combined gain is placed against both.
+
+Part 2 (adaptive against fixed k, at high load): the same trace at a rate that loads the batch-64
+engine, `--seeds` redraws (paired: the acceptance draws are keyed on request and position), each
+request's acceptance drawn from Beta around the mean (concentration 4): P99 TPOT of
+`adaptive_speculation` against every fixed k (1..K), with 95 % intervals of the paired difference
+and the verdicts.
+
+Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from metroline.core.config import EngineConfig  # noqa: E402
+from metroline.core.experiments.runner import run_workload  # noqa: E402
+from metroline.core.results.stats import paired_difference  # noqa: E402
+from metroline.core.workloads.build import build_workload  # noqa: E402
+from metroline.executors.cost_models import make_cost_model  # noqa: E402
+from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
+
+
+def run(workload, batch: int, spec: dict | None, plugins: tuple[str, ...] = ()) -> dict:
+    config = EngineConfig(max_num_seqs=batch, num_blocks=8192, plugins=list(plugins), speculative_config=spec)
+    doc, _ = run_workload(workload, config, SimulatedExecutor(make_cost_model("roofline")))
+    s = doc["summary"]
+    return {"tput": s["output_throughput_tok_s"], "tpot_p99": s["tpot_s"]["p99"] * 1e3,
+            "accepted": doc.get("speculation", {}).get("mean_acceptance_length")}
+
+
+def part1(args: argparse.Namespace) -> None:
+    wl = build_workload("azure-conv", max_requests=args.requests, rate_scale=args.rate_scale, seed=0)
+    print(f"== part 1: azure-conv, first {args.requests} requests x{args.rate_scale} rate, roofline llama-3-8b A100; "
+          f"k = {args.k}, draft cost {args.draft_cost} of a target forward")
+    base = run(wl, 1, None)
+    cb = run(wl, 64, None)
+    g_cb = cb["tput"] / base["tput"]
+    print(f"  batch 1, no speculation: {base['tput']:8.1f} tok/s, P99 TPOT {base['tpot_p99']:7.2f} ms")
+    print(f"  batch 64, no speculation: {cb['tput']:8.1f} tok/s, P99 TPOT {cb['tpot_p99']:7.2f} ms "
+          f"(gain {g_cb:.2f}x)")
+    print(f"  {'rate':>5} | {'spec@1 tok/s':>12} {'gain':>6} {'P99 TPOT':>9} | {'both tok/s':>10} {'gain':>6} "
+          f"{'P99 TPOT':>9} | {'sum':>6} {'product':>7} | where")
+    for rate in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        spec = {"method": "draft_model", "model": "draft", "num_speculative_tokens": args.k,
+                "acceptance_rate": rate, "draft_cost": args.draft_cost}
+        alone = run(wl, 1, spec)
+        both = run(wl, 64, spec)
+        g_spec = alone["tput"] / base["tput"]
+        g_both = both["tput"] / base["tput"]
+        total, product = g_cb + g_spec - 1, g_cb * g_spec
+        where = ("below the sum" if g_both < total else "above the product" if g_both > product
+                 else "between sum and product")
+        if both["tput"] < cb["tput"]:
+            where += "; speculation hurts the batch"
+        print(f"  {rate:5.1f} | {alone['tput']:12.1f} {g_spec:5.2f}x {alone['tpot_p99']:8.2f} | {both['tput']:10.1f} "
+              f"{g_both:5.2f}x {both['tpot_p99']:8.2f} | {total:5.2f}x {product:6.2f}x | {where}")
+
+
+def part2(args: argparse.Namespace) -> None:
+    print(f"== part 2: P99 TPOT at high load, batch 64, {args.seeds} seeds, x{args.load} rate, mean acceptance "
+          f"{args.acceptance} (Beta, concentration 4), k up to {args.k}")
+    arms: dict[str, list[float]] = {}
+    for seed in range(args.seeds):
+        wl = build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=seed)
+        spec = {"method": "draft_model", "model": "draft", "num_speculative_tokens": args.k, "seed": seed,
+                "acceptance_rate": args.acceptance, "acceptance_concentration": 4.0, "draft_cost": args.draft_cost}
+        arms.setdefault("adaptive", []).append(run(wl, 64, spec, ("adaptive_speculation",))["tpot_p99"])
+        for k in range(1, args.k + 1):
+            arms.setdefault(f"k={k}", []).append(run(wl, 64, {**spec, "num_speculative_tokens": k})["tpot_p99"])
+        arms.setdefault("none", []).append(run(wl, 64, None)["tpot_p99"])
+    adaptive = arms["adaptive"]
+    print(f"  adaptive_speculation: P99 TPOT mean {sum(adaptive) / len(adaptive):7.2f} ms")
+    for name, values in arms.items():
+        if name == "adaptive":
+            continue
+        d = paired_difference(values, adaptive, "lower")
+        rel = d.relative
+        print(f"  vs {name:<5} ({sum(values) / len(values):7.2f} ms): adaptive - it = {d.difference.estimate:+7.2f} ms "
+              f"[{d.difference.low:+.2f}, {d.difference.high:+.2f}] ({rel.estimate:+.1%}) -> {d.verdict}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--rate-scale", type=float, default=0.5, help="part 1's arrival rate scale")
+    p.add_argument("--load", type=float, default=3.0, help="part 2's arrival rate scale (high load)")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--draft-cost", type=float, default=0.05)
+    p.add_argument("--acceptance", type=float, default=0.6)
+    p.add_argument("--part", type=int, choices=(1, 2))
+    args = p.parse_args()
+    if args.part in (None, 1):
+        part1(args)
+    if args.part in (None, 2):
+        part2(args)
+
+
+if __name__ == "__main__":
+    main()
