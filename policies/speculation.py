@@ -24,9 +24,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from ..core.plugins.hookspecs import hookimpl
-from ..core.plugins.options import PluginOptions, take_options
-from ..core.requests.sequence import Sequence
+from metroline.api import PluginOptions, Sequence, hookimpl, take_options
 
 
 def default_table(max_drafts: int) -> list[list[int]]:

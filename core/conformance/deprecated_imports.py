@@ -14,7 +14,7 @@ from ..plugins.deprecations import MODULES_MOVED_IN, MODULES_REMOVED_IN
 
 def deprecated_imports(target: Any) -> list[str]:
     """One line per import of a moved `metroline.core.<name>` module in the source of `target`'s
-    module: `file:line: imports metroline.core.X, moved to metroline.Y in 0.2.0 ...`."""
+    module: `file:line: imports <old module>, moved to <new module> in 0.2.0 ...`."""
     module = inspect.getmodule(target if inspect.isclass(target) or inspect.isfunction(target) else type(target))
     if module is None:
         return []

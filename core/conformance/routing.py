@@ -11,7 +11,7 @@ from typing import Any
 
 from ...executors.cost_models import make_cost_model
 from ...executors.simulated import SimulatedExecutor
-from ..cluster.router import Router
+from ..cluster.router import Router, load_router
 from ..cluster.simulation import run_cluster
 from ..cluster.spec import ClusterSpec
 from ..cluster.view import Refuse, ReplicaView
@@ -34,9 +34,7 @@ class CheckingRouter(Router):
         self.name, self.coverage = name, coverage
         self.down_at = max(1, int(total * DOWN_AFTER))
         self.down = down  # the replica (index in the cluster) that goes down
-        from ...policies.routing.round_robin import RoundRobin  # a shipped plugin imports metroline.api
-
-        self.default = RoundRobin()
+        self.default = load_router("round_robin")[1]  # by name: a shipped plugin imports metroline.api
         self.routed = 0
 
     def choose(self, request: Any, replicas: tuple[ReplicaView, ...]) -> int | Refuse:

@@ -88,7 +88,7 @@ def result_of(
     deadlines = deadline_figures(engine.metrics.requests, getattr(engine.metrics, "deadlines", {}))
     if deadlines is not None:
         doc["deadlines"] = deadlines
-    speculation = engine.scheduler.speculation
+    speculation = getattr(getattr(engine, "scheduler", None), "speculation", None)  # none on a cluster's pooled engines
     if speculation is not None:  # vLLM's counters, and the figures the summary shows
         doc["speculation"] = figures = speculation.counters.as_dict()
         for key in SPECULATION_FIGURES:

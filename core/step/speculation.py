@@ -71,7 +71,7 @@ class SpecCounters:
 class Speculation:
     """The scheduler's part of speculative decoding (see the module docstring)."""
 
-    __slots__ = ("config", "plugins", "max_drafts", "lookahead", "drafts", "counters")
+    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters")
 
     def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int) -> None:
         self.config = config
