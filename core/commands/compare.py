@@ -118,7 +118,7 @@ def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[
 
 def add_statistics_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `compare`'s verdicts: `--min-effect`, `--aa POLICY` and `--trials T`."""
-    from ..results.multiplicity import MIN_EFFECT
+    from ..results.min_effect import MIN_EFFECT
 
     defaults = ", ".join(f"{kind}={x:g}" for kind, x in MIN_EFFECT.items())
     p.add_argument("--min-effect", metavar="X|KIND=X,...",
@@ -127,10 +127,10 @@ def add_statistics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", metavar="FILE",
                    help="compare arms that each set their own policy stack, engine config and cost model: a TOML file "
                    "of [arms.NAME] tables (EngineConfig fields, cost_model, cost_params), the first the baseline; "
-                   "paired on the same draws (see metroline.core.experiments.arms)")
+                   "paired on the same draws (see metroline.core.experiments.arms); default: none (the policies of --policies)")
     p.add_argument("--aa", metavar="POLICY",
                    help="an A/A check: POLICY against itself, the arms differing only in their plugins' private "
-                   "randomness (StepContext.salt), over --trials tables of --seeds draws; prints the false-verdict rates")
+                   "randomness (StepContext.salt), over --trials tables of --seeds draws; prints the false-verdict rates; default: none (no A/A)")
     p.add_argument("--trials", type=int, default=1, metavar="T",
                    help="with --aa: how many A/A tables, each on fresh draws and salts (default 1)")
 

@@ -30,12 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .min_effect import MIN_EFFECT, parse_min_effect
 from .stats import ROUNDING, _t_two_sided_mass
-
-MIN_EFFECT: dict[str, float] = {"latency": 0.01, "throughput": 0.005, "count": 0.05, "share": 0.005}
-"""The default minimum relative effect of a verdict, by metric kind: latencies 1%, throughputs
-0.5%, counts (preemptions, unfinished requests, recomputed tokens) 5%, shares (prefix hit rate,
-Jain's index) 0.5%. Smaller differences are `no difference` whatever their p-value."""
 
 HOLM, MIN_EFFECT_REMOVED = "holm", "min_effect"
 """Why a verdict the interval alone would give was removed: `removed_by` in a comparison document."""
@@ -64,29 +60,6 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
             break
         rejected[i] = True
     return rejected
-
-
-def parse_min_effect(text: str | None) -> dict[str, float]:
-    """`--min-effect`: one fraction for every kind (`0.02`) or `KIND=FRACTION,...` (`latency=0.02,
-    count=0.1`), over `MIN_EFFECT`'s defaults; each >= 0."""
-    effect = dict(MIN_EFFECT)
-    if text is None:
-        return effect
-    items = [p.strip() for p in text.split(",") if p.strip()]
-    if len(items) == 1 and "=" not in items[0]:
-        items = [f"{kind}={items[0]}" for kind in MIN_EFFECT]
-    for item in items:
-        kind, _, value = item.partition("=")
-        if kind not in MIN_EFFECT:
-            raise ValueError(f"--min-effect: {kind!r} is not a metric kind ({', '.join(MIN_EFFECT)})")
-        try:
-            x = float(value)
-        except ValueError:
-            raise ValueError(f"--min-effect: {item!r}: expected KIND=FRACTION, e.g. latency=0.01") from None
-        if not (0 <= x < 10):
-            raise ValueError(f"--min-effect: {kind}: must be a fraction >= 0 (0.01 is 1%), got {value}")
-        effect[kind] = x
-    return effect
 
 
 def paired_differences(baseline: Sequence[float], values: Sequence[float]) -> np.ndarray:
