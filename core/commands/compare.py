@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .flags import COMPARE_REFUSED
+from .compare_aa import aa_configs, aa_runs
 from .logs import log_to_stderr
 from .options import (
     check_output_paths,
@@ -135,31 +136,6 @@ def add_statistics_flags(p: argparse.ArgumentParser) -> None:
                    help="with --aa: how many A/A tables, each on fresh draws and salts (default 1)")
 
 
-def _aa_configs(args: argparse.Namespace, config: Any) -> tuple[list[str], list[Any]]:
-    """The two arms of `--aa POLICY` (labels and configs, alike but for `plugin_salt`), after checking its flags."""
-    if args.policies is not None or args.routers is not None or args.baseline is not None:
-        raise ValueError("--aa: compares one policy with itself; give it without --policies, --routers or --baseline")
-    if args.seeds is None:
-        raise ValueError("--aa: give --seeds K (each A/A table pairs K draws)")
-    if args.trials < 1:
-        raise ValueError(f"--trials: must be at least 1, got {args.trials}")
-    if args.report:
-        raise ValueError("--report: an A/A check prints its false-verdict rates (--json keeps its tables); no report")
-    _, (arm,) = policy_configs(args.aa, config)
-    return [f"{args.aa} (a)", f"{args.aa} (b)"], [arm, arm]
-
-
-def _aa_runs(runs: list[tuple[Any, Any, Any]], k: int) -> list[tuple[Any, Any, Any]]:
-    """`runs` (table by table, draw by draw, arm by arm) with each arm's own salt (`aa.aa_salts`)."""
-    from ..results.aa import aa_salts
-
-    out = []
-    for j, (w, c, sp) in enumerate(runs):
-        draw, arm = divmod(j, 2)
-        out.append((w, c.model_copy(update={"plugin_salt": aa_salts(*divmod(draw, k), k)[arm]}), sp))
-    return out
-
-
 def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
     """The baseline of `--seeds` (`--baseline`, default the first policy), after checking the flags."""
     if args.seeds is not None and args.seeds < 2:
@@ -211,7 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         labels, configs, factories = arm_setups(args.arms, config, run)
         specs = [spec] * len(labels)
     elif args.aa is not None:
-        labels, configs = _aa_configs(args, config)
+        labels, configs = aa_configs(args, config)
         specs = [spec] * 2
     elif args.routers:
         if args.policies is not None and len(args.policies.split(",")) > 1:
@@ -254,7 +230,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run_labels = labels if seeds is None else [f"{label}#{s}" for s in seeds for label in labels]
     runs = [(w, c, sp) for w in workloads for c, sp in zip(configs, specs)]
     if args.aa is not None:
-        runs = _aa_runs(runs, args.seeds)
+        runs = aa_runs(runs, args.seeds)
     results = run_many(
         runs, (lambda: make_executor(run)) if factories is None else factories * len(workloads),
         extract=series_of, jobs=jobs,
