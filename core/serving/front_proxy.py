@@ -136,11 +136,8 @@ class Proxy:
             if self.canary is not None:
                 self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
         except (httpx.TransportError, httpx.StreamError) as exc:
-            if why:
-                message = why[0]
-            else:
-                self.metrics.failed.labels(view.name, view.pool).inc()
-                message = await self.health.failure(view, exc)
+            self.metrics.failed.labels(view.name, view.pool).inc()  # ended with its replica, however
+            message = why[0] if why else await self.health.failure(view, exc)
             yield (b"" if complete else b"\n\n") + p.sse(p.error_body(message, "server_error")) + p.DONE
         finally:
             self.streams[view.slot].pop(upstream, None)
