@@ -75,6 +75,8 @@ class DefaultPolicy:
     @hookimpl(trylast=True)
     def sample(self, ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: int | None) -> list[int]:
         if logits is None:
+            if ctx._masks is None or not ctx._masks.banned:  # the hot path: no wrapper banned a token
+                return [stand_in_token(s) for s in seqs]
             return [_allowed_stand_in(ctx, s) for s in seqs]
         logits = ctx.adjusted_logits(logits)  # the bans and biases of the wrappers above
         if self._sampler is None:
