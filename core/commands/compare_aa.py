@@ -17,7 +17,7 @@ def aa_configs(args: argparse.Namespace, config: Any) -> tuple[list[str], list[A
         raise ValueError(f"--trials: must be at least 1, got {args.trials}")
     if args.report:
         raise ValueError("--report: an A/A check prints its false-verdict rates (--json keeps its tables); no report")
-    from .compare import policy_configs
+    from .arms import policy_configs
 
     _, (arm,) = policy_configs(args.aa, config)
     return [f"{args.aa} (a)", f"{args.aa} (b)"], [arm, arm]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .compare import policy_configs, refuse_run_flags
+from .arms import policy_configs
+from .compare import refuse_run_flags
 from .logs import log_to_stderr
 from .options import check_output_paths, cluster_options, make_executor, make_workload, resolve_options, workload_seed
 from .outputs import check_report_folder, manifest_for, warn
