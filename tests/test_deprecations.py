@@ -27,7 +27,8 @@ from metroline import __version__ as METROLINE_VERSION
 from metroline.cli import main
 from metroline.core.plugins import deprecations
 from metroline.core.plugins.deprecations import Deprecation, MetrolineDeprecationWarning
-from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.deprecated_hooks import Pluggy
+from metroline.core.plugins.hookspecs import hookimpl, hookspec
 from metroline.core.plugins.loader import has_hooks
 
 ROOT = Path(__file__).parents[1]
@@ -213,51 +214,103 @@ def test_without_the_registry_entry_the_old_hook_name_is_an_unknown_hook():
         make_engine(policy="fcfs", plugins=[OldHookName()])
 
 
-class OldArgument:
-    """Takes `running` of `order_running` under the (made-up) old name `seqs`, in a plain
-    implementation and in a wrapper (called through pluggy's machinery)."""
+class PickSpecs:
+    """A hook of this test, `pick`, whose argument `seqs` is the (made-up) old name of `items`:
+    the specification keeps both until the version that removes `seqs`, and the caller passes both."""
 
-    name = "old_argument"
+    @hookspec(firstresult=True)
+    def pick(self, items, seqs):
+        """The first item to serve."""
 
-    def __init__(self) -> None:
-        self.seen = []
+
+class PicksOld:
+    name = "picks_old"
 
     @hookimpl
-    def order_running(self, ctx, seqs):
-        self.seen.append(("impl", [s.seq_id for s in seqs]))
-        return list(reversed(seqs))
+    def pick(self, seqs):
+        return seqs[-1]
 
 
-class OldArgumentWrapper:
-    name = "old_argument_wrapper"
+class PicksOldWrapper:
+    name = "picks_old_wrapper"
 
     def __init__(self) -> None:
         self.seen = []
 
     @hookimpl(wrapper=True)
-    def order_running(self, seqs):
+    def pick(self, seqs):
         answer = yield
-        self.seen.append([s.seq_id for s in seqs])
+        self.seen.append((list(seqs), answer))
         return answer
 
 
-def test_a_deprecated_argument_is_passed_the_new_arguments_value(monkeypatch):
-    dep = Deprecation("argument seqs of order_running", "running", since="0.2.0", removed_in="0.3.0", target="running")
-    monkeypatch.setitem(deprecations.ARGUMENTS, ("order_running", "seqs"), dep)
-    plugin, wrapper = OldArgument(), OldArgumentWrapper()
-    with warnings.catch_warnings(record=True) as caught:
+class PicksNew:
+    name = "picks_new"
+
+    @hookimpl
+    def pick(self, items):
+        return None  # no opinion: the next implementation answers
+
+
+def test_a_deprecated_argument_stays_in_the_spec_and_pluggy_warns_naming_the_plugin(monkeypatch):
+    dep = Deprecation("argument seqs of pick", "items", since="0.2.0", removed_in="0.3.0")
+    monkeypatch.setitem(deprecations.ARGUMENTS, ("pick", "seqs"), dep)
+    pm = Pluggy()
+    pm.add_hookspecs(PickSpecs)
+    assert set(pm.hook.pick.spec.warn_on_impl_args) == {"seqs"}  # pluggy's own mechanism carries it
+    wrapper = PicksOldWrapper()
+    with warnings.catch_warnings(record=True) as caught, deprecations.recording() as uses:
         warnings.simplefilter("always")
-        engine = make_engine(policy="fcfs", plugins=[plugin, wrapper])
-        engine.add_request(request("a", 8, max_new=2))
-        engine.add_request(request("b", 8, max_new=2))
-        run_to_end(engine)
-    assert plugin.seen and all(ids == ["a", "b"] for _, ids in plugin.seen)
-    assert wrapper.seen == [ids for _, ids in plugin.seen]
-    assert sorted(str(w.message) for w in caught) == [
-        f"plugin {name!r}: argument seqs of order_running is deprecated since metroline 0.2.0 and will be removed "
-        "in 0.3.0: use running instead"
-        for name in ("old_argument", "old_argument_wrapper")
+        for name, plugin in (("picks_old", PicksOld()), ("picks_new", PicksNew()),
+                             ("picks_old_wrapper", wrapper)):
+            pm.register(plugin, name=name)
+    assert pm.hook.pick(items=[1, 2, 3], seqs=[1, 2, 3]) == 3  # the old argument is passed its value
+    assert wrapper.seen == [([1, 2, 3], 3)]
+    expected = {
+        name: f"plugin {name!r}: argument seqs of pick is deprecated since metroline 0.2.0 and will be removed in "
+        "0.3.0: use items instead"
+        for name in ("picks_old", "picks_old_wrapper")
+    }
+    assert sorted(str(w.message) for w in caught) == sorted(expected.values())  # picks_new takes no old name
+    assert all(type(w.message) is MetrolineDeprecationWarning for w in caught)
+    lines = {PicksOld.pick.__code__.co_firstlineno, PicksOldWrapper.pick.__code__.co_firstlineno}
+    assert {(w.filename, w.lineno) for w in caught} == {(__file__, line) for line in lines}  # the plugin's line
+    assert [(u.plugin, u.deprecation) for u in uses] == [("picks_old", dep), ("picks_old_wrapper", dep)]
+
+
+def test_a_deprecated_argument_of_an_engine_hook_warns_and_is_still_passed(monkeypatch):
+    dep = Deprecation("argument plan of on_step_end", "ctx.step", since="0.2.0", removed_in="0.3.0")
+    monkeypatch.setitem(deprecations.ARGUMENTS, ("on_step_end", "plan"), dep)
+    plugin = ReadsPlan()
+    with pytest.warns(MetrolineDeprecationWarning) as caught:
+        engine = make_engine(policy="fcfs", plugins=[plugin, AsksNothing()])
+    assert [str(w.message) for w in caught] == [
+        "plugin 'reads_plan': argument plan of on_step_end is deprecated since metroline 0.2.0 and will be removed "
+        "in 0.3.0: use ctx.step instead"
     ]
+    assert (caught[0].filename, caught[0].lineno) == (__file__, ReadsPlan.on_step_end.__code__.co_firstlineno)
+    engine.add_request(request("r", 8, max_new=2))
+    run_to_end(engine)
+    assert plugin.steps == [1, 2]
+
+
+class ReadsPlan:
+    name = "reads_plan"
+
+    def __init__(self) -> None:
+        self.steps = []
+
+    @hookimpl
+    def on_step_end(self, plan):
+        self.steps.append(plan.step)
+
+
+def test_a_deprecated_argument_missing_from_the_spec_is_an_error(monkeypatch):
+    dep = Deprecation("argument seqs of order_running", "running", since="0.2.0", removed_in="0.3.0")
+    monkeypatch.setitem(deprecations.ARGUMENTS, ("order_running", "seqs"), dep)
+    with pytest.raises(ValueError, match=r"hook 'order_running' has no argument 'seqs': a deprecated argument stays "
+                                         r"in the hook's specification"):
+        make_engine(policy="fcfs")
 
 
 def test_a_deprecated_hook_that_is_still_specified_is_called_and_warns(monkeypatch):

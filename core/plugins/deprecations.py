@@ -9,12 +9,13 @@ The warning is given once per plugin and name in a process (`warn`). Three kinds
   keeps a property under the old name that calls `warn_attribute` and returns the new one.
 - `HOOKS`: a hook name. A plugin that implements the old name is registered for the new hook
   (`target`); with no target the hook is still specified and called, and only warns.
-- `ARGUMENTS`: an argument of a hook, keyed `(hook, old argument)`. An implementation that takes
-  the old name is passed the new argument's value (`target`) in its place; with no target the
-  argument is still passed, and only warns.
+- `ARGUMENTS`: an argument of a hook, keyed `(hook, old argument)`. The old argument stays in the
+  hook's specification, and the engine keeps passing it, until `removed_in`; an implementation
+  that takes it warns. `new` names the argument to take instead (the spec has both).
 
-The plugin manager checks `HOOKS` and `ARGUMENTS` when it registers a plugin
-(`metroline.core.plugins.manager`). `recording()` collects every deprecated use, those already warned about
+The plugin manager serves `HOOKS` and `ARGUMENTS` through pluggy's own means (`warn_on_impl`,
+`warn_on_impl_args`, `specname`) when it registers a plugin
+(`metroline.core.plugins.deprecated_hooks`). `recording()` collects every deprecated use, those already warned about
 included, for the report of `check_plugin`.
 
 To deprecate a name: keep the old spelling working, add its entry here with `removed_in` at least
@@ -48,8 +49,9 @@ class Deprecation:
 
     `old` and `new` are spelled as a plugin writes them (`"ctx.hooks"`, `"ctx.hook"`; `new` is
     None for a name removed without a replacement). `target` is the name the old one is mapped to
-    (the new hook or argument name; None: the old one is still served as it is). The old spelling
-    works in every version before `removed_in`.
+    (the new attribute or hook; None: the old one is still served as it is; a deprecated argument
+    has none, it stays in its hook's specification). The old spelling works in every version
+    before `removed_in`.
     """
 
     old: str
@@ -81,8 +83,8 @@ HOOKS: dict[str, Deprecation] = {}
 """Deprecated hook names (none yet), keyed by the old name; `target` is the new hook."""
 
 ARGUMENTS: dict[tuple[str, str], Deprecation] = {}
-"""Deprecated hook arguments (none yet), keyed by `(hook, old argument)`; `target` is the new
-argument."""
+"""Deprecated hook arguments (none yet), keyed by `(hook, old argument)`; the old argument stays in
+the hook's specification (see the module's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,13 @@ _warned: set[tuple[str, str]] = set()
 _recorders: list[list[Use]] = []
 
 
-def warn(deprecation: Deprecation, plugin: str, stacklevel: int = 2, where: CodeType | None = None) -> None:
+def warn(
+    deprecation: Deprecation, plugin: str, stacklevel: int = 2, where: CodeType | tuple[str, int] | None = None,
+) -> None:
     """Record that `plugin` used `deprecation`'s old name and, the first time in this process for
     this plugin and name, warn with a `MetrolineDeprecationWarning`: at the caller `stacklevel`
-    frames up, or at the first line of `where` (a plugin's function) when given."""
+    frames up, or at `where` when given: the first line of a plugin's function (its code), or a
+    `(file, line)`."""
     use = Use(plugin, deprecation)
     for uses in _recorders:
         uses.append(use)
@@ -115,10 +120,8 @@ def warn(deprecation: Deprecation, plugin: str, stacklevel: int = 2, where: Code
     if where is None:
         warnings.warn(str(use), MetrolineDeprecationWarning, stacklevel=stacklevel + 1)
     else:
-        warnings.warn_explicit(
-            str(use), MetrolineDeprecationWarning, where.co_filename, where.co_firstlineno,
-            module=_module_of(where),
-        )
+        filename, line = (where.co_filename, where.co_firstlineno) if isinstance(where, CodeType) else where
+        warnings.warn_explicit(str(use), MetrolineDeprecationWarning, filename, line, module=_module_of(filename))
 
 
 def warn_attribute(name: str, owners: Owners | None, frame: FrameType | None) -> None:
@@ -202,9 +205,9 @@ def _add_code(code: CodeType, name: str, owners: dict[CodeType, str]) -> None:
             _add_code(const, name, owners)
 
 
-def _module_of(code: CodeType) -> str:
+def _module_of(filename: str) -> str:
     for module in list(sys.modules.values()):
-        if getattr(module, "__file__", None) == code.co_filename:
+        if getattr(module, "__file__", None) == filename:
             return module.__name__
     return "<plugin>"
 

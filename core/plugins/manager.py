@@ -16,6 +16,7 @@ import pluggy
 from ..config import EngineConfig
 from ..errors import PluginError, PluginLoadError
 from . import deprecations, hookspecs
+from .deprecated_hooks import Pluggy
 from .hook_relay import HookRelay, attributed, attributed_wrapper
 from .loader import (
     ENTRY_POINT_GROUP,
@@ -37,38 +38,6 @@ DEFAULTS_NAME = "defaults"
 """The name the built-in `DefaultPolicy` is registered under (lowest precedence)."""
 
 
-class _Pluggy(pluggy.PluginManager):
-    """pluggy's plugin manager, which maps a plugin's deprecated hook names and hook argument names
-    (`metroline.core.plugins.deprecations`) to the new ones as it registers the plugin, and warns once per plugin
-    and name. `registering` is the name of the plugin being registered."""
-
-    def __init__(self) -> None:
-        super().__init__(hookspecs.PROJECT)
-        self.registering = "?"
-
-    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
-        opts = super().parse_hookimpl_opts(plugin, name)
-        dep = deprecations.HOOKS.get(name)
-        if opts is None or dep is None or opts.get("specname"):
-            return opts
-        deprecations.warn(dep, self.registering, where=_code(getattr(plugin, name)))
-        return opts if dep.target is None else {**opts, "specname": dep.target}
-
-    def _verify_hook(self, hook: Any, hookimpl: Any) -> None:
-        names = []
-        for arg in hookimpl.argnames:
-            dep = deprecations.ARGUMENTS.get((hook.name, arg))
-            if dep is not None:
-                deprecations.warn(dep, self.registering, where=_code(hookimpl.function))
-            names.append(dep.target if dep is not None and dep.target is not None else arg)
-        hookimpl.argnames = tuple(names)  # pluggy passes arguments by position, in this order
-        super()._verify_hook(hook, hookimpl)
-
-
-def _code(fn: Any) -> Any:
-    return getattr(getattr(fn, "__func__", fn), "__code__", None)
-
-
 class PluginManager:
     """The engine's plugins: the built-in defaults, the base policy, then the stacked plugins.
 
@@ -80,7 +49,7 @@ class PluginManager:
     def __init__(self, config: EngineConfig, extra: list[Any] | None = None, sampler_class: Any = None) -> None:
         from .defaults import DefaultPolicy
 
-        self._pm = _Pluggy()
+        self._pm = Pluggy()  # deprecated hooks and arguments: `metroline.core.plugins.deprecated_hooks`
         self._pm.add_hookspecs(hookspecs)
         self._owners = deprecations.Owners()  # which plugin's code is which (see `metroline.core.plugins.deprecations`)
         self._answerer: dict[str, str] = {}
@@ -121,7 +90,6 @@ class PluginManager:
             relay.rebuild(self._monitors > 0)
 
     def _register(self, name: str, plugin: Any) -> None:
-        self._pm.registering = name
         try:
             self._pm.register(plugin, name=name)
             self._pm.check_pending()  # a hook name that no spec declares (a typo) is an error
