@@ -126,9 +126,11 @@ def metroline_figures(args: argparse.Namespace) -> dict:
         return t1 - t0, row[NUM_SEQS], row[PREEMPTIONS]
 
     scheduler, executor = engine.scheduler, engine.executor
+    reaper = getattr(engine, "_reaper", None)  # an older tree (a before/after pair) reaps in Engine._reap
+    reap = reaper.reap if reaper is not None else engine._reap
 
     def schedule_only() -> tuple[float, int, int]:
-        engine._reap()
+        reap()
         start = executor.now()
         t0 = CLOCK()
         plan = scheduler.schedule(start)

@@ -576,9 +576,9 @@ def test_a_replay_forgets_ended_requests_but_keeps_their_metrics():
     workload = build_workload("shared-prefix", max_requests=20)
     doc, engine = run_workload(workload, EngineConfig(), SimulatedExecutor(make_cost_model("steps")))
     assert doc["summary"]["completed"] == 20 and len(engine.metrics.requests) == 20
-    assert engine._requests == {}  # nothing ended is held: a long trace replay stays small
+    assert engine.intake.requests == {}  # nothing ended is held: a long trace replay stays small
     kept = engine_with_one_request(retain=True)
-    assert len(kept._requests) == 1 and engine_with_one_request(retain=False)._requests == {}
+    assert len(kept.intake.requests) == 1 and engine_with_one_request(retain=False).intake.requests == {}
 
 
 def engine_with_one_request(retain):

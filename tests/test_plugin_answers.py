@@ -46,7 +46,7 @@ def _serve_on(engine, max_steps=2000):
     """Step to the end with the pool invariants checked at every step; every request ended."""
     run_to_end(engine, max_steps=max_steps)
     assert_pool_drained(engine)
-    seqs = [s for rid in list(engine._requests) for s in engine.sequences(rid)]
+    seqs = [s for rid in list(engine.intake.requests) for s in engine.sequences(rid)]
     assert all(s.is_finished for s in seqs)
     return seqs
 

@@ -194,7 +194,7 @@ def test_every_request_finishes_and_reads_only_its_own_kv(scenario):
     while engine.has_unfinished() or arrivals:
         while arrivals and arrivals[0][0] <= steps:
             engine.add_request(arrivals.pop(0)[1])
-        if steps in aborts and f"r{aborts[steps]}" in engine._requests:
+        if steps in aborts and f"r{aborts[steps]}" in engine.intake.requests:
             engine.abort(f"r{aborts[steps]}")
         engine.step()
         if engine.last_plan_empty:

@@ -53,7 +53,7 @@ def _run(spec, requests, executor=None, plugins=(), eos=None, **config):
         steps += 1
         assert steps < 5000
     assert_pool_drained(engine)
-    outputs = {rid: [s.output_token_ids for s in engine.sequences(rid)] for rid in engine._requests}
+    outputs = {rid: [s.output_token_ids for s in engine.sequences(rid)] for rid in engine.intake.requests}
     return engine, outputs, steps
 
 
@@ -134,7 +134,7 @@ def test_an_abort_frees_a_drafting_request():
         engine.add_request(r)
     for _ in range(3):
         engine.step()
-    for rid in list(engine._requests):
+    for rid in list(engine.intake.requests):
         engine.abort(rid)
     engine.step()
     assert not engine.has_unfinished()

@@ -13,6 +13,7 @@ from ..config import EngineConfig
 from ..experiments.runner import replay, result_of
 from ..requests.sequence import FinishReason, SeqState
 from ..step.engine import Engine
+from ..step.intake import all_sequences
 from ..step.victim_loop import REFUSALS_PER_STEP
 from ..workloads.build import Workload
 from .hook_coverage import watch
@@ -117,8 +118,8 @@ def check_drained(engine: Any, label: str, failures: list[str]) -> None:
     swap = engine.scheduler.swap
     if swap is not None and swap.num_free_blocks() != swap.num_blocks:
         failures.append(f"{label}: {swap.num_blocks - swap.num_free_blocks()} host blocks leaked")
-    for rid, seqs in engine._requests.items():
-        for seq in engine._all_seqs(seqs):
+    for rid, seqs in engine.intake.requests.items():
+        for seq in all_sequences(seqs):
             if seq.finish_reason is None:
                 failures.append(f"{label}: request {seq.seq_id} never ended (state {seq.state.name})")
             elif seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens != seq.sampling.max_new_tokens:

@@ -2,7 +2,8 @@
 
 Read top-down:
 - `engine.py`: `Engine`, around scheduler and executor (`step`, `run`, `stream`); `intake.py`:
-  adding, validating and cancelling requests; `driving.py`: the one driving loop (idling, stalls)
+  `Intake`, requests in (adding, validating, refusing; the table of requests); `reaping.py`:
+  `Reaper`, requests out (reap, failure, aborted requests' ends); `driving.py`: the one driving loop (idling, stalls)
   that `Engine.stream`, replays and the cluster simulation share;
 - `scheduler.py`: `Scheduler`, one `schedule()` per step, phase by phase, each phase a function or
   a small object that receives what it uses: `split.py` (`split_budget`), `running.py` (the

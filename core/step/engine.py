@@ -11,14 +11,15 @@ from ..config import EngineConfig
 from ..errors import NoProgressError, PluginError
 from ..plugins.manager import PluginManager
 from ..requests.detokenizer import Detokenizer
-from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request
+from ..requests.request import Request
 from ..requests.sequence import SWAPPED, FinishReason, Sequence
 from ..results.metrics import MetricsCollector
 from . import recovery
 from .driving import Driver, drive
-from .intake import Intake, validation_context
+from .intake import Intake, all_sequences
 from .outputs import Appender, RequestOutput
 from .plan import StepPlan, StepResult
+from .reaping import Reaper, output_ended
 from .sample import SamplePhase
 from .scheduler import Scheduler
 from .stall import stall_error
@@ -26,7 +27,7 @@ from .stall import stall_error
 __all__ = ["Engine", "RequestOutput"]
 
 
-class Engine(Intake):
+class Engine:
     """A continuous-batching engine: a scheduler with its plugins, a KV pool and an executor.
 
     ```python
@@ -49,6 +50,9 @@ class Engine(Intake):
     `retain_finished`: keep ended requests (their tokens) for `sequences()` and `run()`'s answer;
     a long replay or a server turns it off, and then an ended request is forgotten once its
     metrics are recorded and its last output is returned.
+
+    Its parts are objects it holds and calls: `plugins`, `pool`, `scheduler`, `intake` (requests
+    in, the table of requests), `metrics`, the sample phase and the reaper (requests out).
     """
 
     def __init__(
@@ -86,27 +90,70 @@ class Engine(Intake):
 
             extra.insert(0, LifecycleLog())
         self.plugins = PluginManager(config, extra, getattr(executor, "sampler_class", None))
-        self._check_request = bool(self.plugins.hook.check_request.get_hookimpls())
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.plugins, self.pool)
         self.metrics = MetricsCollector(config.max_num_seqs)
-        self._requests: dict[str, list[Sequence]] = {}
-        self.retain_finished = retain_finished
-        self._arrivals = 0
-        self._pending: list[tuple[float, int, Sequence]] = []  # submitted with a future arrival_time
-        self._arrived: list[Sequence] = []  # queued since the last schedule (for recovery)
-        self._cancelled: list[Sequence] = []  # reaped by `abort`, their ends not reported yet
-        self._reap_error: PluginError | None = None  # an `on_finished` error met by `abort`
+        self.intake = Intake(config, executor, self.plugins, self.scheduler, self.metrics, tokenizer is not None)
+        """Requests in (validation, arrival on the clock, refusal) and the table of requests."""
+        self._reaper = Reaper(self.scheduler, self.intake, self.metrics, retain_finished)
         self.last_plan_empty = False
         self.last_step_progressed = False
         """Whether the last step computed a token past a request's high-water mark (`max_computed`)."""
-        self._validation_context = validation_context(config, executor, tokenizer is not None)
-        self._validation_context["structured_output"] = self.plugins.get(STRUCTURED_OUTPUT_PLUGIN) is not None
-        vocab = self._validation_context.get("vocab_size")
+        vocab = self.intake.validation_context.get("vocab_size")
         appender = Appender(self.scheduler, self.eos_token_id, config.max_model_len, self.detokenizer)
         self._sample = SamplePhase(self.plugins, self.scheduler, appender, self.eos_token_id,
                                    vocab if isinstance(vocab, int) else None,
                                    getattr(executor, "sample_mode", contextlib.nullcontext))
+
+    # --- requests in (the intake's) -----------------------------------------------------------
+
+    def validate(self, request: Request | dict[str, Any]) -> Request:
+        """Validate a request against this engine's limits (a `ValidationError` names the field)."""
+        return self.intake.validate(request)
+
+    def add_request(self, request: Request | dict[str, Any]) -> str:
+        """Queue a request; returns its id. An invalid request raises `ValidationError`, one that
+        a plugin says could never run (the `check_request` hook) raises `RequestRefused`; either
+        leaves the engine untouched.
+
+        A request whose `arrival_time` lies ahead of the engine's clock waits until the clock gets
+        there (`stream` and `run` move an idle clock to it) before the policies hear of it."""
+        return self.intake.add_request(request)
+
+    def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
+        """Why a request of these lengths could never run here, or None (the check of `add_request`
+        that needs no tokens: a caller may refuse a huge prompt before making it)."""
+        return self.intake.length_problem(prompt_len, max_new_tokens, n)
+
+    def reject(self, request: Any, error: Exception) -> None:
+        """Record a request that failed validation, `error` (pydantic's `ValidationError`, or
+        another): it counts as `rejected` in the metrics."""
+        self.intake.reject(request, error)
+
+    def sequences(self, request_id: str) -> list[Sequence]:
+        """The sequences of a request (one, or `n` for parallel sampling)."""
+        return self.intake.sequences(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request in any state: it is reaped at once (its blocks freed, `on_finished`
+        told) and the next step reports its end. False if it is unknown or already finished. (An
+        `on_finished` observer's error here is raised by the next step, as if that step had met it.)"""
+        seqs = all_sequences(self.intake.requests.get(request_id, ()))
+        if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
+            return False
+        for seq in seqs:
+            self.intake.arrive_now(seq)  # not arrived yet: it arrives, cancelled
+        self._reaper.cancel(seqs, self.executor.now())
+        return True
+
+    def has_unfinished(self) -> bool:
+        """Whether a step has something to do: requests to serve, or ends to report."""
+        return bool(self.intake.pending or self._reaper.cancelled) or self.scheduler.has_work()
+
+    @property
+    def retain_finished(self) -> bool:
+        """Whether ended requests are kept (their tokens) for `sequences()` and `run()`'s answer."""
+        return self._reaper.retain_finished
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -128,11 +175,12 @@ class Engine(Intake):
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
         """One step, phase by phase (observers in parentheses)."""
-        if self._cancelled or self._reap_error is not None:
-            self._report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
+        reaper = self._reaper
+        if reaper.cancelled or reaper.error is not None:
+            reaper.report_cancelled(outputs)  # ends of requests `abort` reaped since the last step
         now = self.executor.now()
-        if self._pending:
-            self._release_arrivals(now)  # submitted requests whose arrival time came join the waiting queue
+        if self.intake.pending:
+            self.intake.release(now)  # submitted requests whose arrival time came join the waiting queue
         plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
@@ -148,28 +196,20 @@ class Engine(Intake):
             self._sample(plan, result.logits, result.time, outputs, result)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
-            self._reap_after(exc, recovery.of_plan(plan), result.time)
+            reaper.fail(exc, recovery.of_plan(plan), result.time)
             raise
         self._record_step(plan, result.time, now)
         self._end_step(plan, result.time)  # (on_step_end)
         if self.scheduler.ended:
-            self._reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
-
-    def _report_cancelled(self, outputs: list[RequestOutput] | None) -> None:
-        cancelled, self._cancelled = self._cancelled, []
-        self._output_ended(cancelled, outputs)
-        if self._reap_error is not None:
-            error, self._reap_error = self._reap_error, None
-            raise error
+            reaper.reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
 
     def _schedule(self, now: float) -> StepPlan:
         """The scheduler's plan; a `PluginError` fails the requests it may have left in doubt."""
-        arrived, self._arrived = self._arrived, []
+        arrived = self.intake.take_arrived()
         try:
             return self.scheduler.schedule(now)
         except PluginError as exc:
-            live = (s for seqs in list(self._requests.values()) for s in self._all_seqs(seqs))
-            self._reap_after(exc, recovery.in_flight(live, arrived), now)
+            self._reaper.fail(exc, recovery.in_flight(self.intake.live(), arrived), now)
             raise
 
     def _execute(self, plan: StepPlan, now: float, outputs: list[RequestOutput] | None) -> StepResult | None:
@@ -182,7 +222,7 @@ class Engine(Intake):
             for seq in (*plan.scheduled, *plan.forked, *(s for s in plan.preempted if s.state is SWAPPED)):
                 self.scheduler.finish(seq, FinishReason.FAILED, now, error)
             self._record_step(plan, now, now)
-            self._output_ended(self._reap(), outputs)
+            output_ended(self._reaper.reap(), outputs)
             return None
 
     def _end_step(self, plan: StepPlan, now: float) -> None:
@@ -191,37 +231,8 @@ class Engine(Intake):
             try:
                 hook(ctx=self.scheduler.ctx, plan=plan)
             except PluginError as exc:
-                self._reap_after(exc, recovery.of_plan(plan), now)
+                self._reaper.fail(exc, recovery.of_plan(plan), now)
                 raise
-
-    def _output_ended(self, ended: list[Sequence], outputs: list[RequestOutput] | None) -> None:
-        if outputs is not None and ended:
-            outputs.extend(RequestOutput(s, [], True) for s in ended)
-
-    def _reap_after(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> None:
-        """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now."""
-        recovery.fail(self.scheduler, seqs, now, f"PluginError: {error}")
-        self._reap()
-
-    def _reap(self) -> list[Sequence]:
-        ending = recovery.ending(self.scheduler)
-        try:
-            ended = self.scheduler.reap()
-        except PluginError:
-            self._forget(ending)  # they were freed; only an on_finished observer failed
-            raise
-        self._forget(ended)
-        return ended
-
-    def _forget(self, ended: list[Sequence]) -> None:
-        for seq in ended:
-            self.metrics.record_finished(seq)
-        if not self.retain_finished:
-            requests = self._requests
-            for seq in ended:
-                heads = requests.get(seq.request_id)
-                if heads is not None and all(s.is_finished for s in self._all_seqs(heads)):
-                    del requests[seq.request_id]
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:
         s, pool = self.scheduler, self.pool
@@ -250,7 +261,7 @@ class Engine(Intake):
         new request: the earliest wake-up a plugin asked for (`ctx.wake_at`) or pending arrival
         ahead of the clock (None: none)."""
         now = self.executor.now()
-        pending = self._pending[0][0] if self._pending else None
+        pending = self.intake.next_arrival()
         ahead = [t for t in (self.scheduler.ctx.wakeup, pending) if t is not None and t > now]
         return min(ahead) if ahead else None
 
@@ -273,7 +284,7 @@ class Engine(Intake):
         """Step until every request has ended; returns each request's sequences."""
         for _ in self.stream():
             pass
-        return {rid: self._all_seqs(seqs) for rid, seqs in self._requests.items()}
+        return {rid: all_sequences(seqs) for rid, seqs in self.intake.requests.items()}
 
     def close(self) -> None:
         """Release the executor's resources (a real model's memory and KV blocks)."""

@@ -1,21 +1,24 @@
-"""Requests in: validation against the engine's limits, arrival on the engine's clock, abort.
+"""Requests in: validation against the engine's limits, arrival on the engine's clock, the table
+of requests.
 
-`Intake` is a part of `Engine` (a mixin: it uses the engine's config, executor, plugins,
-scheduler, metrics and request table).
+`Intake` is a collaborator of `metroline.core.step.engine.Engine`: the engine holds one and
+calls it (its `add_request`, `validate`, ... are the intake's); it receives what it uses, the
+scheduler the requests join, the plugins that may refuse one (`check_request`), the executor's
+clock and the metrics that count the rejected.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import ValidationError
 
 from ..config import EngineConfig
-from ..errors import PluginError, RequestRefused
-from ..requests.request import Request, engine_limit_problem, length_problem
-from ..requests.sequence import FinishReason, Sequence
-from . import recovery
+from ..errors import RequestRefused
+from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, engine_limit_problem, length_problem
+from ..requests.sequence import Sequence
 
 
 def validation_context(config: EngineConfig, executor: Any, tokenizer: bool) -> dict[str, Any]:
@@ -39,95 +42,116 @@ def validation_context(config: EngineConfig, executor: Any, tokenizer: bool) -> 
 
 
 class Intake:
-    """Submitting, validating, refusing and cancelling requests."""
+    """Submitting, validating and refusing requests; the requests not arrived yet (a future
+    `arrival_time`) and those arrived since the last step; the table of every request's sequences.
+
+    `requests` maps a request id to its head sequences (one, or `n` for parallel sampling, each
+    with its forked `children`); `pending` is the heap of `(arrival_time, arrival_no, sequence)`
+    submitted ahead of the clock; `arrived` the sequences queued since the last schedule (what a
+    `PluginError` in the schedule may have left in doubt, `metroline.core.step.recovery`)."""
+
+    def __init__(self, config: EngineConfig, executor: Any, plugins: Any, scheduler: Any, metrics: Any,
+                 tokenizer: bool) -> None:
+        self.requests: dict[str, list[Sequence]] = {}
+        self.pending: list[tuple[float, int, Sequence]] = []
+        self.arrived: list[Sequence] = []
+        self._executor = executor
+        self._plugins = plugins
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self._arrivals = 0
+        self._check_request = bool(plugins.hook.check_request.get_hookimpls())
+        self.validation_context = validation_context(config, executor, tokenizer)
+        """The limits a request is validated against (see `validation_context`)."""
+        self.validation_context["structured_output"] = plugins.get(STRUCTURED_OUTPUT_PLUGIN) is not None
 
     def validate(self, request: Request | dict[str, Any]) -> Request:
         """Validate a request against this engine's limits; raises pydantic's `ValidationError`
         naming the field and the limit."""
         if isinstance(request, Request):
-            if engine_limit_problem(request, self._validation_context) is None:
+            if engine_limit_problem(request, self.validation_context) is None:
                 return request
             request = request.model_dump()  # validate again, for the ValidationError
-        return Request.model_validate(request, context=self._validation_context)
+        return Request.model_validate(request, context=self.validation_context)
 
     def add_request(self, request: Request | dict[str, Any]) -> str:
-        """Queue a request; returns its id. An invalid request raises `ValidationError`, one that
-        a plugin says could never run (the `check_request` hook) raises `RequestRefused`; either
-        leaves the engine untouched.
-
-        A request whose `arrival_time` lies ahead of the engine's clock waits until the clock gets
-        there (`stream` and `run` move an idle clock to it) before the policies hear of it."""
+        """Queue a request; returns its id (see `Engine.add_request`)."""
         req = self.validate(request)
-        if req.request_id in self._requests:
+        if req.request_id in self.requests:
             raise ValueError(f"request_id {req.request_id!r} is already in use")
-        now = self.executor.now()
+        now = self._executor.now()
         arrival = req.arrival_time if req.arrival_time is not None else now
         seq = Sequence.from_request(req, arrival, self._arrivals)
         if self._check_request:
-            reason = self.plugins.refusal(self.scheduler.ctx, seq)
+            reason = self._plugins.refusal(self._scheduler.ctx, seq)
             if reason is not None:
                 raise RequestRefused(f"request {req.request_id!r} can never run: {reason}")
         self._arrivals += 1
-        self.metrics.note_tenant(seq.tenant)
-        self._requests[req.request_id] = [seq]
+        self._metrics.note_tenant(seq.tenant)
+        self.requests[req.request_id] = [seq]
         if arrival > now:
-            heapq.heappush(self._pending, (arrival, seq.arrival_no, seq))
+            heapq.heappush(self.pending, (arrival, seq.arrival_no, seq))
         else:
-            self._add(seq)
+            self._arrive(seq)
         return req.request_id
 
-    def _release_arrivals(self, now: float) -> None:
-        pending = self._pending
+    def release(self, now: float) -> None:
+        """The submitted requests whose arrival time came join the waiting queue."""
+        pending = self.pending
         while pending and pending[0][0] <= now:
-            self._add(heapq.heappop(pending)[2])
+            self._arrive(heapq.heappop(pending)[2])
 
-    def _add(self, seq: Sequence) -> None:
-        self.scheduler.add(seq)
-        self._arrived.append(seq)
+    def arrive_now(self, seq: Sequence) -> None:
+        """`seq` arrives now if it is still pending (an abort ends it where the others are)."""
+        if any(p[2] is seq for p in self.pending):
+            self.pending = [p for p in self.pending if p[2] is not seq]
+            heapq.heapify(self.pending)
+            self._arrive(seq)
+
+    def _arrive(self, seq: Sequence) -> None:
+        self._scheduler.add(seq)
+        self.arrived.append(seq)
+
+    def take_arrived(self) -> list[Sequence]:
+        """The sequences queued since the last call (the schedule's arrivals)."""
+        arrived, self.arrived = self.arrived, []
+        return arrived
+
+    def next_arrival(self) -> float | None:
+        """When the earliest pending request arrives (None: none is pending)."""
+        return self.pending[0][0] if self.pending else None
 
     def length_problem(self, prompt_len: int, max_new_tokens: int, n: int = 1) -> str | None:
         """Why a request of these lengths could never run on this engine, or None: the check of
         `add_request` that needs no tokens, so a caller can refuse a huge prompt before making it."""
-        return length_problem(prompt_len, max_new_tokens, n, self._validation_context)
+        return length_problem(prompt_len, max_new_tokens, n, self.validation_context)
 
     def reject(self, request: Any, error: ValidationError | Exception) -> None:
         """Record a request that failed validation (it counts as `rejected` in the metrics)."""
         get = request.get if isinstance(request, dict) else lambda k, d=None: getattr(request, k, d)
         prompt = get("prompt_token_ids") or ()
-        self.metrics.record_rejected(
+        self._metrics.record_rejected(
             str(get("request_id", "?")), str(get("tenant", "default")), int(get("priority", 0) or 0),
-            float(get("arrival_time", None) or self.executor.now()), len(prompt), str(error),
+            float(get("arrival_time", None) or self._executor.now()), len(prompt), str(error),
         )
 
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request in any state: it is reaped at once (its blocks freed, `on_finished`
-        told) and the next step reports its end. False if it is unknown or already finished. (An
-        `on_finished` observer's error here is raised by the next step, as if that step had met it.)"""
-        seqs = self._all_seqs(self._requests.get(request_id, []))
-        if all(s.is_finished for s in seqs):  # unknown (no sequences), or every sample ended
-            return False
-        now = self.executor.now()
-        for seq in seqs:
-            if any(p[2] is seq for p in self._pending):  # not arrived yet: it arrives, cancelled
-                self._pending = [p for p in self._pending if p[2] is not seq]
-                heapq.heapify(self._pending)
-                self._add(seq)
-            self.scheduler.finish(seq, FinishReason.CANCELLED, now)
-        self._cancelled += recovery.ending(self.scheduler)
-        try:
-            self._reap()
-        except PluginError as exc:
-            self._reap_error = exc
-        return True
-
-    def has_unfinished(self) -> bool:
-        """Whether a step has something to do: requests to serve, or ends to report."""
-        return bool(self._pending or self._cancelled) or self.scheduler.has_work()
-
     def sequences(self, request_id: str) -> list[Sequence]:
-        """The sequences of a request (one, or `n` for parallel sampling)."""
-        return self._all_seqs(self._requests[request_id])
+        """The sequences of a request (one, or `n` for parallel sampling); KeyError for an unknown id."""
+        return all_sequences(self.requests[request_id])
 
-    @staticmethod
-    def _all_seqs(seqs: list[Sequence]) -> list[Sequence]:
-        return [s for head in seqs for s in (head, *head.children)]
+    def live(self) -> Iterator[Sequence]:
+        """Every sequence of every request in the table."""
+        return (s for heads in list(self.requests.values()) for s in all_sequences(heads))
+
+    def forget(self, ended: list[Sequence]) -> None:
+        """Take the requests of `ended` whose every sequence ended out of the table."""
+        requests = self.requests
+        for seq in ended:
+            heads = requests.get(seq.request_id)
+            if heads is not None and all(s.is_finished for s in all_sequences(heads)):
+                del requests[seq.request_id]
+
+
+def all_sequences(heads: Iterable[Sequence]) -> list[Sequence]:
+    """The head sequences of a request and the samples forked from them."""
+    return [s for head in heads for s in (head, *head.children)]
