@@ -79,7 +79,7 @@ async def until_disconnect(http: HTTPRequest, work: Any) -> Any:
     return task.result()
 
 
-class Front(FrontPages):
+class Front:
     """The state behind the front's routes: the replicas, their views, the router, the metrics."""
 
     def __init__(self, replicas: list[Any], router: Router, serve: ServeConfig, tokenizer: Any,
@@ -97,6 +97,9 @@ class Front(FrontPages):
         self.health = Health(self.replicas, self.views, self.metrics, serve.health_timeout_s, serve.down_after_s,
                              poll_s, self._down)
         self.proxy = Proxy(self.health, self.metrics, self.canary)
+        self.pages = FrontPages(serve, self.tenants, self.replicas, self.views, self.health, self.metrics,
+                                self.canary, self.proxy, self.created)
+        """The read-only routes (`/v1/models`, `/health`, `/metrics`, the operator's pages)."""
         self._stop_replicas = stop_replicas
         self.closing = False
         self._poller: asyncio.Task | None = None
@@ -253,12 +256,12 @@ def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None =
         routes=[
             Route("/v1/chat/completions", front.chat, methods=["POST"]),
             Route("/v1/completions", front.completions, methods=["POST"]),
-            Route("/v1/models", front.models, methods=["GET"]),
-            Route("/v1/replicas", front.replicas_state, methods=["GET"]),
-            Route("/v1/canary", front.canary_report, methods=["GET"]),
-            Route("/health", front.health_route, methods=["GET"]),
-            Route("/metrics", front.prometheus, methods=["GET"]),
-            Route("/replicas/{name}/metrics", front.replica_metrics, methods=["GET"]),
+            Route("/v1/models", front.pages.models, methods=["GET"]),
+            Route("/v1/replicas", front.pages.replicas_state, methods=["GET"]),
+            Route("/v1/canary", front.pages.canary_report, methods=["GET"]),
+            Route("/health", front.pages.health_route, methods=["GET"]),
+            Route("/metrics", front.pages.prometheus, methods=["GET"]),
+            Route("/replicas/{name}/metrics", front.pages.replica_metrics, methods=["GET"]),
         ],
         lifespan=front.lifespan,
     )

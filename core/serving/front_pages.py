@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 from starlette.requests import Request as HTTPRequest
@@ -20,8 +21,22 @@ def error(status: int, message: str, type_: str = "server_error") -> JSONRespons
 
 
 class FrontPages:
-    """The read-only routes of `Front` (a mixin: it reads the front's replicas, views, health,
-    metrics, canary and client)."""
+    """The read-only routes of the front (`metroline.core.serving.front.Front` holds one): it
+    receives what it reads, the serve config, the tenants (who may read what), the replicas and
+    their views, the health checks, the metrics, the canary (or None), the proxy (its client) and
+    when the front started (`created`, the model card's)."""
+
+    def __init__(self, serve: Any, tenants: Any, replicas: list[Any], views: list[Any], health: Any, metrics: Any,
+                 canary: Any, proxy: Any, created: int) -> None:
+        self.serve = serve
+        self.tenants = tenants
+        self.replicas = replicas
+        self.views = views
+        self.health = health
+        self.metrics = metrics
+        self.canary = canary
+        self.proxy = proxy
+        self.created = created
 
     def _may(self, http: HTTPRequest, what: str) -> bool:
         return self.tenants.may_read(http.headers.get("authorization"), what)
