@@ -4,7 +4,9 @@
 `requests/`, `plugins/`, `workloads/`, `experiments/`, `results/`, `conformance/`) and moved the
 torch sampler to `executors/torch/sampling.py`. A plugin that imports an old path
 (`from metroline.core.hookspecs import hookimpl`) still gets the very same module, with one
-`MetrolineDeprecationWarning` naming the new path (prefer `metroline.api`). `install()` (run when
+`MetrolineDeprecationWarning` naming the new path and the version that removes the old one
+(`deprecations.MODULES_REMOVED_IN`, 0.3.0: this module and its finder go then; prefer
+`metroline.api`). `install()` (run when
 `metroline.core` is imported) adds the finder that does it; `OLD_PATHS` lists every moved module.
 The two old modules whose names are now packages (`metroline.core.plugins`,
 `metroline.core.workloads`) answer their old attributes through the package's `__getattr__`
