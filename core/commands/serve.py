@@ -132,7 +132,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
     print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
-    serve(make_engine(config, executor), serve_config)
+    server = serve(make_engine(config, executor), serve_config)
+    from ..results.deadlines import deadline_line
+
+    line = deadline_line(server.metrics.deadline_figures())
+    if line is not None:  # the requests that carried a deadline_s, over the server's life
+        print(f"metroline: {line}", file=sys.stderr)
     return 0
 
 
