@@ -73,7 +73,7 @@ def test_no_deadline_no_figures():
     assert deadline_figures([], {}) is None
 
 
-def test_serve_counts_deadlines_met_per_tenant_in_metrics_and_its_summary():
+def test_serve_counts_deadlines_met_per_tenant_in_metrics_and_its_summary(capsys):
     """Through HTTP: alpha's request has a deadline it meets, beta's one shorter than a single
     step (it needs three: a prefill step and two decode steps), a third has none. `/metrics`
     counts 2 requests with a deadline, 1 met, per tenant; the server's summary says the same."""
@@ -84,6 +84,7 @@ def test_serve_counts_deadlines_met_per_tenant_in_metrics_and_its_summary():
     pytest.importorskip("uvicorn")
     from prometheus_client.parser import text_string_to_metric_families
 
+    from metroline.core.commands.serve import print_summary
     from metroline.core.config import EngineConfig
     from metroline.core.results.deadlines import deadline_line
     from metroline.core.serving.server import ServerThread, make_engine
@@ -97,6 +98,7 @@ def test_serve_counts_deadlines_met_per_tenant_in_metrics_and_its_summary():
     tenants = {"alpha": {"api_keys": ["key-a"]}, "beta": {"api_keys": ["key-b"]}}
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
     with ServerThread(make_engine(EngineConfig(), executor), ServeConfig(tenants=tenants, public_metrics=True)) as srv:
+        srv.server_state.on_stop = print_summary  # as `metroline serve` does
         url = srv.url + "/v1/chat/completions"
         sent = [({**body, "deadline_s": 60.0}, "key-a"), ({**body, "deadline_s": step}, "key-b"), (body, "key-a")]
         for json_body, key in sent:
@@ -118,3 +120,4 @@ def test_serve_counts_deadlines_met_per_tenant_in_metrics_and_its_summary():
                        "by_tenant": {"alpha": {"requests": 1, "met": 1, "attainment": 1.0},
                                      "beta": {"requests": 1, "met": 0, "attainment": 0.0}}}
     assert deadline_line(figures) == "deadlines met: 50.0% of 2 (alpha 100.0%, beta 0.0%)"
+    assert "metroline: deadlines met: 50.0% of 2 (alpha 100.0%, beta 0.0%)\n" in capsys.readouterr().err
