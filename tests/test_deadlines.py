@@ -9,7 +9,7 @@ import json
 from metroline import cli
 from metroline.api import hookimpl
 from metroline.core.results.deadlines import deadline_figures
-from metroline.core.results.paired import PAIRED_METRICS, metric_value
+from metroline.core.results.paired import PAIRED_METRICS, metric_kind, metric_value
 
 
 def request_file(tmp_path):
@@ -52,6 +52,7 @@ def test_run_reports_deadline_attainment_overall_and_per_tenant(tmp_path, capsys
     assert "deadlines met: 60.0% of 5 (a 33.3%, b 100.0%)" in printed
     assert metric_value({"deadlines": figures}, ("deadlines", "attainment")) == 0.6
     assert ("deadlines met", ("deadlines", "attainment"), "higher", 100.0, "%") in PAIRED_METRICS
+    assert metric_kind(("deadlines", "attainment")) == "share"  # its minimum effect is a share's, not a count's
 
 
 def test_plugins_see_an_absolute_deadline(tmp_path):

@@ -47,7 +47,7 @@ A metric missing from the documents (`unfinished` without a horizon) is left out
 METRIC_KINDS: dict[str, str] = {
     "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput", "completed": "count",
     "unfinished": "count", "preemptions": "count", "recomputed_tokens": "count", "prefix_hit_rate": "share",
-    "min_jain": "share",
+    "min_jain": "share", "attainment": "share",
 }
 """The kind of each metric without a latency's (`multiplicity.MIN_EFFECT`), by its path's last key."""
 
