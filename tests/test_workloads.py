@@ -207,6 +207,15 @@ def test_chat():
     assert build_workload("chat", seed=1).items != w.items
 
 
+@pytest.mark.parametrize("name", ["chat", "chat-steady", "shared-prefix", "long-burst", "mixed-64"])
+def test_max_requests_keeps_the_first_requests_of_the_whole_builtin(name):
+    # chat, chat-steady and shared-prefix make only the requests kept: they must be the whole
+    # workload's first ones by arrival, for any cut and seed (the others cut the whole workload)
+    whole = build_workload(name, seed=3).items
+    for k in (1, 37, len(whole) - 1, len(whole), len(whole) + 5):
+        assert build_workload(name, seed=3, max_requests=k).items == whole[:k]
+
+
 def test_mixed_64():
     w = build_workload("mixed-64")
     assert len(w) == 640 and Counter(it.output_len for it in w) == {20: 540, 2000: 100}

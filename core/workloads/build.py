@@ -129,7 +129,7 @@ def build_workload(
             params["groups"] = groups = groups or 10
             items = builtin_items(source, seed, groups)
         else:
-            items = builtin_items(source, seed)
+            items = builtin_items(source, seed, limit=max_requests)
     elif source in TRACE_FILES:
         name, description = source, BUILTIN_WORKLOADS[source]
         path = find_traces_dir(traces_dir) / TRACE_FILES[source]

@@ -111,9 +111,9 @@ def list_workloads() -> list[str]:
     return list(BUILTIN_WORKLOADS)
 
 
-def _chat(seed: int, num_requests: int = 4000, rate: float = _CHAT_RATE) -> list[WorkloadItem]:
+def _chat(seed: int, num_requests: int = 4000, rate: float = _CHAT_RATE, limit: int | None = None) -> list[WorkloadItem]:
     spec = SyntheticSpec(
-        num_requests=num_requests,
+        num_requests=min(num_requests, limit or num_requests),
         rate=rate,
         prompt_len={"dist": "lognormal", "mean": 256, "sigma": 0.8, "min": 16, "max": 4096},
         output_len={"dist": "lognormal", "mean": 128, "sigma": 0.8, "min": 4, "max": 1024},
@@ -140,13 +140,13 @@ def _mixed_64(seed: int, groups: int) -> list[WorkloadItem]:
     return items
 
 
-def _chat_steady(seed: int) -> list[WorkloadItem]:
-    return _chat(seed, _CHAT_STEADY_REQUESTS, _CHAT_STEADY_RATE)
+def _chat_steady(seed: int, limit: int | None = None) -> list[WorkloadItem]:
+    return _chat(seed, _CHAT_STEADY_REQUESTS, _CHAT_STEADY_RATE, limit)
 
 
-def _shared_prefix(seed: int) -> list[WorkloadItem]:
+def _shared_prefix(seed: int, limit: int | None = None) -> list[WorkloadItem]:
     spec = SyntheticSpec(
-        num_requests=200, rate=50.0, prompt_len=32, output_len=32, shared_prefix_len=1000, seed=seed
+        num_requests=min(200, limit or 200), rate=50.0, prompt_len=32, output_len=32, shared_prefix_len=1000, seed=seed
     )
     return generate(spec, namespace="shared-prefix")
 
@@ -161,15 +161,18 @@ def _long_burst(seed: int) -> list[WorkloadItem]:
     return generate(chats, namespace="long-burst") + burst
 
 
-def builtin_items(name: str, seed: int, groups: int = 10) -> list[WorkloadItem]:
+def builtin_items(name: str, seed: int, groups: int = 10, limit: int | None = None) -> list[WorkloadItem]:
     """The requests of the synthetic built-in `name` (chat, chat-steady, mixed-64, shared-prefix, long-burst)
-    for `seed`; `groups` is mixed-64's number of groups."""
+    for `seed`; `groups` is mixed-64's number of groups. With `limit`, the built-ins drawn from one
+    spec (chat, chat-steady, shared-prefix) make only their first `limit` requests, which are the
+    first `limit` by arrival of the whole workload (arrivals only grow and each attribute has its
+    own random stream); the others make all of theirs."""
     if name == "mixed-64":
         return _mixed_64(seed, groups)
-    builders = {
-        "chat": _chat, "chat-steady": _chat_steady, "shared-prefix": _shared_prefix, "long-burst": _long_burst,
-    }
-    return builders[name](seed)
+    if name == "long-burst":
+        return _long_burst(seed)
+    builders = {"chat": _chat, "chat-steady": _chat_steady, "shared-prefix": _shared_prefix}
+    return builders[name](seed, limit=limit)
 
 
 SYNTHETIC_BUILTINS = ("chat", "chat-steady", "mixed-64", "shared-prefix", "long-burst")
