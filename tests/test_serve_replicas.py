@@ -188,9 +188,12 @@ def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_w
     view.outstanding.add("a", 21)
     assert (view.outstanding_requests, view.outstanding_tokens) == (1, 21)
     assert view.prefix_hit(RouteRequest("b", 0.0, [*range(8), 99, 99, 99, 99, 99], 8)) == 8  # 2 blocks shared
+    assert view.prefix_hit_at_least(RouteRequest("c", 0.0, [*range(8), 99, 99, 99, 99, 99], 8), 9) == 0
+    assert view.prefix_hit_at_least(first, 12) == 12 and view.prefix_hit_at_least(first, 13) == 0
     prefixes = RoutedPrefixes(capacity=2)
     prefixes.add(first.block_chain(4))
-    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 0  # the first block forgotten
+    # the deepest block forgotten first (a prefix's start is kept, as a radix cache evicts leaves)
+    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 2
 
 
 # --- a real model: a replica killed mid-stream ------------------------------------------------------
