@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -54,7 +55,8 @@ async def one(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> tuple
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return str(r.status_code), ttft
+                message = json.loads(await r.aread()).get("error", {}).get("message", "")
+                return f"{r.status_code} {message[:70]}", ttft
             async for line in r.aiter_lines():
                 if line.startswith("data: {") and ttft != ttft:
                     ttft = time.monotonic() - t0
