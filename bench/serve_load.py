@@ -445,9 +445,6 @@ def _print_shares(served: Served, weights: dict[str, float], window: float, dura
     print(f"largest deviation from {want:g}: {worst:.1%}")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _serve(folder: Path, cost_model: str, replicas: int, max_num_seqs: int | None):
     """A `metroline serve` child (the front of `replicas` when more than 1) with the bench's tenants;
@@ -521,3 +518,7 @@ def _compare_front(args: argparse.Namespace, duration: float, max_clients: int) 
     front, single = rows[0][3], rows[1][3]
     print(f"front p99 TTFT overhead: {1e3 * (pct(front, 99) - pct(single, 99)):+.2f} ms "
           f"(p50 {1e3 * (pct(front, 50) - pct(single, 50)):+.2f} ms); 502 through the front: {rows[0][5]['502']}")
+
+
+if __name__ == "__main__":
+    main()
