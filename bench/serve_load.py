@@ -55,13 +55,12 @@ import os
 import random
 import resource
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from serve_process import start_serve
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta", "gamma": "key-gamma"}
 
@@ -454,26 +453,9 @@ def _serve(folder: Path, cost_model: str, replicas: int, max_num_seqs: int | Non
     for tenant, key in TENANTS.items():
         lines += [f"[serve.tenants.{tenant}]", f'api_keys = ["{key}"]']
     config.write_text("\n".join(lines) + "\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = ["--replicas", str(replicas)] if replicas > 1 else []
-    root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port", str(port),
-                             "--cost-model", cost_model, *flags],
-                            env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(root)})
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("metroline serve did not start")
+    root = os.environ.get("PYTHONPATH") or str(Path(__file__).resolve().parents[2])
+    return start_serve(["--config", str(config), "--cost-model", cost_model, *flags], root)
 
 
 def _load(url: str, args: argparse.Namespace, rate: float, duration: float, max_clients: int, seed: int) -> dict:
