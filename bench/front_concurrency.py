@@ -14,37 +14,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
+from serve_process import start_serve
 
 ROOT = Path(os.environ.get("METROLINE_ROOT") or Path(__file__).resolve().parents[2])
 
 
 def start(step_time: float) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--replicas", "2", "--port", str(port),
-                             "--cost-model", "steps", "--step-time", str(step_time)],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the front did not start")
+    return start_serve(["--replicas", "2", "--cost-model", "steps", "--step-time", str(step_time)], str(ROOT),
+                       "the front")
 
 
 async def one(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> tuple[str, float]:
@@ -54,7 +40,8 @@ async def one(client: httpx.AsyncClient, url: str, i: int, tokens: int) -> tuple
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return str(r.status_code), ttft
+                message = json.loads(await r.aread()).get("error", {}).get("message", "")
+                return f"{r.status_code} {message[:70]}", ttft
             async for line in r.aiter_lines():
                 if line.startswith("data: {") and ttft != ttft:
                     ttft = time.monotonic() - t0

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
+from serve_process import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-bench"
@@ -45,23 +45,9 @@ api_keys = ["sk-other"]
 def start(replicas: int, step_time: float, folder: Path) -> tuple[subprocess.Popen, str]:
     config = folder / "serve.toml"
     config.write_text(CONFIG)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     flags = ["--replicas", str(replicas)] if replicas > 1 else []
-    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port", str(port),
-                             "--cost-model", "steps", "--step-time", str(step_time), *flags],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the server did not start")
+    return start_serve(["--config", str(config), "--cost-model", "steps", "--step-time", str(step_time), *flags],
+                       str(ROOT), "the server")
 
 
 def stream_gaps(url: str, tokens: int, out: list[float], started: threading.Event) -> None:

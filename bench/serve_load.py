@@ -33,6 +33,15 @@ pinned to separate halves of the CPUs (`--no-pin`: not), as if the clients ran o
 see `_split_cpus`.
 
     .venv/bin/python bench/serve_load.py --rate 100 --duration 20
+
+`--front N`: through the front of `metroline serve --replicas N` instead (every process a real
+`metroline serve` child, on the simulated executor in real time): the same load at `--rate`
+through the front, then at `--rate / N` straight to a single server (what each replica gets behind
+the front); prints both sides' client TTFT and ITL percentiles, every status (a 502 counts as a
+failure: the replicas are healthy), and the front's p99 TTFT overhead (the difference of the two
+p99s). `--runs K` repeats the front's side K times (the statuses of all runs are summed).
+
+    .venv/bin/python bench/serve_load.py --front 2 --rate 100 --duration 10 --runs 3
 """
 
 from __future__ import annotations
@@ -45,7 +54,13 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import signal
+import tempfile
 import time
+from collections import Counter
+from pathlib import Path
+
+from serve_process import start_serve
 
 TENANTS = {"alpha": "key-alpha", "beta": "key-beta", "gamma": "key-gamma"}
 
@@ -273,8 +288,14 @@ def main() -> None:
     ap.add_argument("--keep-alive", action=argparse.BooleanOptionalAction, default=True,
                     help="reuse connections, as the openai client (httpx) does (default: on; --no-keep-alive: a "
                          "new connection per request)")
+    ap.add_argument("--front", type=int, default=0, metavar="N",
+                    help="through the front of `metroline serve --replicas N`, against a single server")
+    ap.add_argument("--runs", type=int, default=1, help="with --front: runs through the front")
     args = ap.parse_args()
     duration, max_clients = min(args.duration, 120.0), min(args.max_clients, 1024)
+    if args.front:
+        _compare_front(args, duration, max_clients)
+        return
 
     from metroline.core.config import EngineConfig
     from metroline.core.serving.server import ServerThread, make_engine
@@ -421,6 +442,64 @@ def _print_shares(served: Served, weights: dict[str, float], window: float, dura
         print(f"  [{w['start_s'] - start:6.1f}, {w['end_s'] - start:6.1f}) s  {low} {toks[low]:7d}  "
               f"{high} {toks[high]:7d}  ratio {ratio:5.3f} ({service:5.3f})  off by {ratio / want - 1:+.1%}")
     print(f"largest deviation from {want:g}: {worst:.1%}")
+
+
+
+def _serve(folder: Path, cost_model: str, replicas: int, max_num_seqs: int | None):
+    """A `metroline serve` child (the front of `replicas` when more than 1) with the bench's tenants;
+    (process, url) once it answers /health."""
+    config = folder / "serve.toml"
+    lines = [f"max_num_seqs = {max_num_seqs}" if max_num_seqs else "", "[serve]"]
+    for tenant, key in TENANTS.items():
+        lines += [f"[serve.tenants.{tenant}]", f'api_keys = ["{key}"]']
+    config.write_text("\n".join(lines) + "\n")
+    flags = ["--replicas", str(replicas)] if replicas > 1 else []
+    root = os.environ.get("PYTHONPATH") or str(Path(__file__).resolve().parents[2])
+    return start_serve(["--config", str(config), "--cost-model", cost_model, *flags], root)
+
+
+def _load(url: str, args: argparse.Namespace, rate: float, duration: float, max_clients: int, seed: int) -> dict:
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_client_main, args=(
+        url + "/v1/chat/completions",
+        {"rate": rate, "duration": duration, "max_clients": max_clients, "disconnect": args.disconnect,
+         "seed": seed, "tenants": list(TENANTS), "keep_alive": args.keep_alive}, child))
+    proc.start()
+    doc = parent.recv()
+    proc.join(30)
+    return doc
+
+
+def _compare_front(args: argparse.Namespace, duration: float, max_clients: int) -> None:
+    """The same load through the front of `args.front` replicas and, at 1/N of the rate, straight
+    to one server: TTFT, ITL and statuses of both, and the front's p99 TTFT overhead."""
+    n = args.front
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for label, replicas, rate, runs in ((f"front of {n}", n, args.rate, args.runs),
+                                           ("single server", 1, args.rate / n, 1)):
+            proc, url = _serve(Path(folder), args.cost_model, replicas, args.max_num_seqs)
+            try:
+                docs = [_load(url, args, rate, duration, max_clients, args.seed + run) for run in range(runs)]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+            results = [r for d in docs for r in d["results"]]
+            ok = [r for r in results if r["status"] == 200 and r["times"]]
+            ttft = [r["times"][0] - r["start"] for r in ok]
+            itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:])]
+            statuses = Counter(str(r["status"]) for r in results)
+            rows.append((label, rate, runs, ttft, itl, statuses, sum(d["dropped"] for d in docs)))
+    print(f"{args.rate:g} streams/s for {duration:g} s through the front of {n} replicas ({args.runs} runs), "
+          f"{args.rate / n:g}/s straight to one server; simulated executor ({args.cost_model}), load average "
+          f"{os.getloadavg()[0]:.1f}")
+    for label, rate, runs, ttft, itl, statuses, dropped in rows:
+        print(f"{label:<14} {rate:6.1f}/s  TTFT ms p50 {1e3 * pct(ttft, 50):7.2f} p99 {1e3 * pct(ttft, 99):7.2f}  "
+              f"ITL ms p50 {1e3 * pct(itl, 50):6.2f} p99 {1e3 * pct(itl, 99):6.2f}  statuses {dict(statuses)}"
+              f"{f'  dropped (client cap) {dropped}' if dropped else ''}")
+    front, single = rows[0][3], rows[1][3]
+    print(f"front p99 TTFT overhead: {1e3 * (pct(front, 99) - pct(single, 99)):+.2f} ms "
+          f"(p50 {1e3 * (pct(front, 50) - pct(single, 50)):+.2f} ms); 502 through the front: {rows[0][5]['502']}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,15 @@ on the model's real logits, as a `sample` wrapper around whatever sampler is bel
 A request asks with `SamplingParams.structured_output` (`StructuredOutput(json_schema=...)` or
 `StructuredOutput(json_object=True)`; the server fills it from OpenAI's `response_format`). The
 grammar is compiled by llguidance (`pip install llguidance`, in the `torch` extra) from the schema,
-once per schema (an LRU cache), and checked when the request is submitted: a schema llguidance
-cannot compile (an invalid `type`, an unclosed regex, an unsatisfiable bound, a keyword it does not
-implement such as `contains`) refuses the request (`check_request`) instead of running it.
+once per schema (an LRU cache), off the step and off the event loop
+(`metroline.plugins_contrib.grammar_compiler.GrammarCompiler`, a thread pool): submitting the
+request starts the compile, and the request waits outside the batch until it is done (the
+plugin's `admission` wrapper passes it over and asks to be woken up, vLLM's `WAITING_FOR_FSM`), so
+a big schema stalls no other stream. A schema llguidance cannot compile (an invalid `type`, an
+unclosed regex, an unsatisfiable bound, a keyword it does not implement such as `contains`)
+refuses the request at submission (`check_request`) when its compile is already done (the server
+compiles it first, off its loop: `problem`), else fails that request alone at its first step, with
+the same message naming the field; it frees what it held and the others go on.
 
 Each step, for the sequences with a grammar (each sample of an `n > 1` request has its own
 matcher):
@@ -41,14 +47,20 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
-from ..api import Sequence, StepContext, hookimpl
+from ..api import Candidates, Sequence, StepContext, hookimpl
+from .grammar_compiler import GRAMMAR_CACHE_SIZE, Compiled, GrammarCompiler, one_line
 from .logit_masks import bias_of
 
-GRAMMAR_CACHE_SIZE = 256
-"""Compiled grammars kept (least recently used dropped first); one per distinct schema."""
+__all__ = ["ANY_JSON_OBJECT", "GRAMMAR_CACHE_SIZE", "StructuredOutputSampler"]
+
+MAX_COMPILE_POLL_S = 0.05
+"""The longest a step that admitted nothing waits before it looks again at a grammar still
+compiling (the wait doubles from 1 ms with the compile's age, up to this)."""
 
 ANY_JSON_OBJECT = '{"type": "object"}'
 """The schema of `json_object` (what vLLM compiles for OpenAI's `{"type": "json_object"}`)."""
@@ -79,7 +91,7 @@ class StructuredOutputSampler:
         self._ll_tokenizer: Any = None
         self._setup_problem: str | None = None
         self._executor: Any = None
-        self._grammars: OrderedDict[tuple[str, bool], tuple[str | None, str | None]] = OrderedDict()
+        self.compiler = GrammarCompiler(lambda: self._ll_tokenizer, whitespace_flexible)
         self._matchers: dict[Sequence, _Matcher] = {}
 
     # --- at submission ---------------------------------------------------------------------------
@@ -93,9 +105,15 @@ class StructuredOutputSampler:
 
     def problem(self, spec: Any) -> str | None:
         """Why the grammar of `spec` (a `StructuredOutput`) cannot be used, or None: the plugin is
-        `unavailable()`, or the schema does not compile (llguidance's message). Compiles it once
-        (cached), so the first step of the request finds it ready."""
-        return self._grammar(spec)[1]
+        `unavailable()`, or the schema does not compile (llguidance's message). Waits for the
+        compile (cached: the request's admission finds it ready), so call it off the event loop."""
+        unavailable = self.unavailable()
+        return unavailable if unavailable is not None else self.compile(spec).result()[1]
+
+    def compile(self, spec: Any) -> Future[Compiled]:
+        """The future of the compile of `spec`'s grammar (started now unless cached); the plugin
+        must be available (`unavailable()` is None)."""
+        return self.compiler.submit(spec.json_schema if spec.json_schema is not None else ANY_JSON_OBJECT)
 
     @hookimpl
     def check_request(self, seq: Sequence) -> str | None:
@@ -105,11 +123,36 @@ class StructuredOutputSampler:
         unavailable = self.unavailable()
         if unavailable is not None:
             return f"sampling.structured_output: {unavailable}"
-        problem = self.problem(spec)
-        if problem is None:
-            return None
+        future = self.compile(spec)
+        if not future.done():
+            return None  # compiling: the request waits outside the batch (`admission`)
+        problem = future.result()[1]
+        return None if problem is None else self._naming(spec, problem)
+
+    @staticmethod
+    def _naming(spec: Any, problem: str) -> str:
         field = "json_schema" if spec.json_schema is not None else "json_object"
         return f"sampling.structured_output.{field}: {problem}"
+
+    @hookimpl(wrapper=True)
+    def admission(self, ctx: StepContext) -> Iterable[Sequence] | None:
+        answer = yield
+        if answer is None or not self.compiler.compiling():
+            return answer
+        return Candidates.of(answer).filter(lambda seq: self._grammar_ready(ctx, seq))
+
+    def _grammar_ready(self, ctx: StepContext, seq: Sequence) -> bool:
+        """Whether `seq` may be admitted: it has no grammar, or its grammar is compiled; else it
+        waits, and the step asks to be woken up (sooner for a young compile)."""
+        spec = seq.sampling.structured_output
+        if spec is None or self._setup_problem is not None:
+            return True
+        future = self.compile(spec)
+        if future.done():
+            return True
+        age = time.monotonic() - future.started  # type: ignore[attr-defined]
+        ctx.wake_at(ctx.now + min(max(age, 0.001), MAX_COMPILE_POLL_S))
+        return False
 
     def _setup(self) -> str | None:
         """Build llguidance's view of the tokenizer (once; under the lock); a problem or None."""
@@ -131,32 +174,6 @@ class StructuredOutputSampler:
             except Exception as exc:  # a slow tokenizer, a vocabulary llguidance cannot read
                 self._setup_problem = f"llguidance cannot use this model's tokenizer: {exc}"
         return self._setup_problem
-
-    def _grammar(self, spec: Any) -> tuple[str | None, str | None]:
-        """(grammar, None) or (None, problem) for `spec`, compiled once."""
-        text = spec.json_schema if spec.json_schema is not None else ANY_JSON_OBJECT
-        key = (text, self.whitespace_flexible)
-        with self._lock:
-            cached = self._grammars.get(key)
-            if cached is not None:
-                self._grammars.move_to_end(key)
-                return cached
-            problem = self._setup()
-            if problem is not None:
-                return None, problem
-            from llguidance import LLMatcher
-
-            try:
-                grammar = LLMatcher.grammar_from_json_schema(
-                    text, defaults={"whitespace_flexible": self.whitespace_flexible})
-                is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self._ll_tokenizer)
-            except Exception as exc:
-                is_error, messages = True, [str(exc)]
-            entry = (None, _one_line(messages[0] if messages else "invalid")) if is_error else (grammar, None)
-            self._grammars[key] = entry
-            if len(self._grammars) > GRAMMAR_CACHE_SIZE:
-                self._grammars.popitem(last=False)
-            return entry
 
     # --- in the step -----------------------------------------------------------------------------
 
@@ -201,7 +218,7 @@ class StructuredOutputSampler:
             self._fill(matchers, bitmask)
             for i, m in zip(live, matchers):
                 if m.matcher.is_error():  # the mask's computation ran out of its limits
-                    m.error = f"the grammar failed: {_one_line(m.matcher.get_error())}"
+                    m.error = f"the grammar failed: {one_line(m.matcher.get_error())}"
                     ctx.fail(seqs[i], f"structured_output: {m.error}")
             ctx.add_logits_bias(live, bias_of(bitmask, logits))
         tokens = yield
@@ -225,15 +242,15 @@ class StructuredOutputSampler:
                 matchers.pop(seq, None)
 
     def _new_matcher(self, seq: Sequence) -> _Matcher:
-        grammar, problem = self._grammar(seq.sampling.structured_output)
-        if grammar is None:
-            return _Matcher(None, f"the grammar cannot be used: {problem}")
-        from llguidance import LLMatcher
-
-        matcher = LLMatcher(self._ll_tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            return _Matcher(None, f"the grammar cannot be used: {_one_line(matcher.get_error())}")
-        return _Matcher(matcher, None)
+        """A copy of the compiled matcher of `seq`'s grammar (its admission waited for the compile;
+        a sequence admitted without that gate waits here), or the reason it cannot be used."""
+        spec = seq.sampling.structured_output
+        if self._setup_problem is not None:
+            return _Matcher(None, self._setup_problem)
+        template, problem = self.compile(spec).result()
+        if template is None:
+            return _Matcher(None, f"the grammar cannot be used: {self._naming(spec, problem)}")
+        return _Matcher(template.deep_copy(), None)
 
     def _fill(self, matchers: list[_Matcher], bitmask: Any) -> None:
         """Each matcher's allowed tokens into its row of `bitmask` (int32, contiguous, on the
@@ -271,7 +288,7 @@ class _Matcher:
         if new:
             self.consumed += len(new)
             if not self.matcher.consume_tokens(new):
-                self.error = f"token {new[-1]} broke the grammar: {_one_line(self.matcher.get_error())}"
+                self.error = f"token {new[-1]} broke the grammar: {one_line(self.matcher.get_error())}"
         return self.error
 
 
@@ -279,7 +296,3 @@ def _eos_banned(seq: Sequence) -> bool:
     """Whether `min_tokens` forbids `seq` its EOS now (the default sampler's rule)."""
     p = seq.sampling
     return bool(p.min_tokens) and seq.num_output_tokens < p.min_tokens
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).split())

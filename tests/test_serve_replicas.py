@@ -188,9 +188,12 @@ def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_w
     view.outstanding.add("a", 21)
     assert (view.outstanding_requests, view.outstanding_tokens) == (1, 21)
     assert view.prefix_hit(RouteRequest("b", 0.0, [*range(8), 99, 99, 99, 99, 99], 8)) == 8  # 2 blocks shared
+    assert view.prefix_hit_at_least(RouteRequest("c", 0.0, [*range(8), 99, 99, 99, 99, 99], 8), 9) == 0
+    assert view.prefix_hit_at_least(first, 12) == 12 and view.prefix_hit_at_least(first, 13) == 0
     prefixes = RoutedPrefixes(capacity=2)
     prefixes.add(first.block_chain(4))
-    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 0  # the first block forgotten
+    # the deepest block forgotten first (a prefix's start is kept, as a radix cache evicts leaves)
+    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 2
 
 
 # --- a real model: a replica killed mid-stream ------------------------------------------------------
@@ -298,3 +301,72 @@ def test_ray_actors_serve_as_replicas():
         assert all(not h.is_alive() for h in handles)
     finally:
         ray.shutdown()
+
+
+class _Handle:
+    """A replica process that lives (what `Health` asks of one)."""
+
+    kind = "thread"
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+
+    def is_alive(self) -> bool:
+        return True
+
+    def why_down(self) -> str | None:
+        return None
+
+
+def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
+    """A `Proxy` over two live replicas whose first `timeouts` connections time out (httpx's own
+    transport for answers, no network); (proxy, views, ports asked in order)."""
+    from metroline.core.serving.front_health import Health
+    from metroline.core.serving.front_metrics import FrontMetrics
+    from metroline.core.serving.front_proxy import Proxy
+    from metroline.core.serving.remote_view import RemoteView
+
+    asked: list[int] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.port)
+        if len(asked) <= timeouts:
+            raise httpx.ConnectTimeout("the replica's accept queue is full", request=request)
+        return httpx.Response(200, text="ok")
+
+    views = [RemoteView(i, f"r{i}", "default") for i in range(2)]
+    health = Health([_Handle(9000 + i) for i in range(2)], views, FrontMetrics([(v.name, v.pool) for v in views]),
+                    1.0, 3.0, 0.05, lambda view, reason: None)
+    proxy = Proxy(health, health.metrics, None)
+    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    return proxy, views, asked
+
+
+def _first_untried(health):
+    def route(tried):
+        return next((v for v in health.live() if v.slot not in tried), "no other replica is up")
+    return route
+
+
+def test_a_request_no_busy_replica_took_is_tried_on_all_again_and_never_marks_one_down():
+    """Connect timeouts on both live replicas (a connect storm): the front tries them all again
+    after a pause instead of answering 503 "no other replica is up"; the third try is taken."""
+    from metroline.core.cluster.view import RouteRequest
+
+    proxy, views, asked = _proxy(timeouts=3)
+    request = RouteRequest("q", 0.0, [1, 2, 3], 4)
+    view, upstream = asyncio.run(proxy.dispatch(_first_untried(proxy.health), request, 7, "/v1/completions", b"{}", {}))
+    assert asked == [9000, 9001, 9000, 9001] and view is views[1] and upstream.status_code == 200
+    assert all(v.up for v in views) and views[0].outstanding_requests == 0 and views[1].outstanding_requests == 1
+
+
+def test_live_replicas_that_never_take_a_request_answer_503_not_502():
+    from metroline.core.cluster.view import RouteRequest
+    from metroline.core.serving.front_proxy import MAX_ATTEMPTS, Failed
+
+    proxy, views, asked = _proxy(timeouts=10**6)
+    with pytest.raises(Failed, match="no replica took the request in 3 tries each") as exc:
+        asyncio.run(proxy.dispatch(_first_untried(proxy.health), RouteRequest("q", 0.0, [1, 2], 4), 6,
+                                   "/v1/completions", b"{}", {}))
+    assert exc.value.status == 503 and len(asked) == MAX_ATTEMPTS * 2 and all(v.up for v in views)
+    assert all(v.outstanding_requests == 0 for v in views)

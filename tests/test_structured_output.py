@@ -12,6 +12,7 @@ through the official `openai` client, streamed and not.
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +33,7 @@ from metroline.api import FinishReason, RequestRefused, hookimpl  # noqa: E402
 from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.errors import PluginError  # noqa: E402
 from metroline.core.requests.request import Request, SamplingParams, StructuredOutput  # noqa: E402
+from metroline.core.requests.sequence import WAITING  # noqa: E402
 from metroline.core.serving.server import ServerThread, make_engine  # noqa: E402
 from metroline.core.serving.tenants import ServeConfig  # noqa: E402
 from metroline.core.step.engine import Engine  # noqa: E402
@@ -282,15 +284,105 @@ def test_structured_requests_are_checked_when_submitted():
         SamplingParams(ignore_eos=True, structured_output=StructuredOutput(json_object=True))
     with pytest.raises(ValidationError, match="sampling.structured_output: no plugin enforces it here"):
         Engine(EngineConfig()).add_request(structured("r", YES_NO))
-    engine, _ = tiny_engine()
-    for schema, message in [({"type": "foo"}, "Invalid type: foo"),
-                            (obj({"a": {"type": "string", "pattern": "(("}}), "unclosed group"),
-                            ({"type": "string", "minLength": 5, "maxLength": 2}, "Unsatisfiable schema"),
-                            ({"type": "array", "contains": {"type": "integer"}}, 'Unimplemented keys: ["contains"]')]:
+    engine, plugin = tiny_engine()
+    for schema, message in BAD_SCHEMAS:
+        # compiled first (as the server does, off its loop): refused when submitted
+        assert message in plugin.problem(structured("bad", schema).sampling.structured_output)
         with pytest.raises(RequestRefused, match="structured_output: sampling.structured_output.json_schema: ") as exc:
             engine.add_request(structured("bad", schema))
         assert message in str(exc.value)
     assert not engine.has_unfinished()
+
+
+BAD_SCHEMAS = [({"type": "foo"}, "Invalid type: foo"),
+               (obj({"a": {"type": "string", "pattern": "(("}}), "unclosed group"),
+               ({"type": "string", "minLength": 5, "maxLength": 2}, "Unsatisfiable schema"),
+               ({"type": "array", "contains": {"type": "integer"}}, 'Unimplemented keys: ["contains"]')]
+"""Schemas llguidance refuses, with a fragment of its message."""
+
+
+def gated(plugin: StructuredOutputSampler) -> threading.Event:
+    """Make every compile of `plugin` wait until the returned event is set (a grammar that takes
+    as long as the test wants to compile)."""
+    release, build = threading.Event(), plugin.compiler.build
+
+    def slow_build(text: str):
+        assert release.wait(30), "the test never released the compile"
+        return build(text)
+
+    plugin.compiler.build = slow_build
+    return release
+
+
+def big_schema(branches: int = 64) -> dict:
+    """An `anyOf` of `branches` objects (within the server's schema limits) and its many keys."""
+    return obj({"pick": {"anyOf": [obj({f"k{i}_{j}": text(8) for j in range(3)}) for i in range(branches)]}})
+
+
+def test_a_compiling_grammar_waits_outside_the_batch_while_other_streams_go_on():
+    """While a structured request's grammar compiles (held by an event: no timing), the step goes
+    on without it: a plain request gets a token every step, the structured one stays waiting and
+    holds no block, and nothing blocks; released, it is admitted and its output validates."""
+    engine, plugin = tiny_engine()
+    release = gated(plugin)
+    schema = big_schema(24)
+    engine.add_request(Request(request_id="plain", prompt_token_ids=[5, 6, 7],
+                               sampling=SamplingParams(max_new_tokens=12, temperature=0)))
+    engine.add_request(structured("big", schema, 400, temperature=0))  # accepted: its compile started
+    plain, big = engine.sequences("plain")[0], engine.sequences("big")[0]
+    engine.step()  # the plain prefill
+    for step in range(8):
+        before = plain.num_output_tokens
+        engine.step()
+        assert plain.num_output_tokens == before + 1, step
+        assert big.state is WAITING and not big.block_table and big.num_computed_tokens == 0
+    release.set()
+    plugin.compile(big.sampling.structured_output).result()
+    while engine.has_unfinished():
+        engine.step()
+    assert plain.finish_reason is FinishReason.LENGTH and plain.num_output_tokens == 12
+    assert big.finish_reason is FinishReason.EOS, (big.text, big.error)
+    valid(big.text, schema)
+    drained(engine, plugin)
+
+
+def test_alone_a_compiling_request_parks_the_engine_until_its_grammar_is_ready():
+    """With nothing else to do, the steps schedule nothing and ask to be woken up (no rescue admits
+    the request early, no stall is declared); once compiled it runs to a valid output."""
+    engine, plugin = tiny_engine()
+    release = gated(plugin)
+    engine.add_request(structured("alone", YES_NO, temperature=0))
+    seq = engine.sequences("alone")[0]
+    for _ in range(3):
+        engine.step()
+        assert engine.last_plan_empty and engine.scheduler.ctx.wakeup is not None and seq.state is WAITING
+    assert engine.scheduler.rescues == 0
+    release.set()
+    out = engine.run()["alone"][0]
+    assert out.finish_reason is FinishReason.EOS and out.text in ('{"answer":"yes"}', '{"answer":"no"}')
+    drained(engine, plugin)
+
+
+def test_a_grammar_that_fails_to_compile_after_submission_fails_its_request_alone():
+    """A bad schema whose compile was still running at submission: the request is accepted, waits,
+    then fails alone with llguidance's message naming the field; the others finish, blocks free."""
+    engine, plugin = tiny_engine()
+    release = gated(plugin)
+    for i, (schema, _) in enumerate(BAD_SCHEMAS):
+        engine.add_request(structured(f"bad{i}", schema))
+    engine.add_request(structured("good", YES_NO, temperature=0))
+    engine.add_request(Request(request_id="plain", prompt_token_ids=[5, 6, 7],
+                               sampling=SamplingParams(max_new_tokens=6, temperature=0)))
+    engine.step()
+    release.set()
+    out = engine.run()
+    for i, (_, message) in enumerate(BAD_SCHEMAS):
+        seq = out[f"bad{i}"][0]
+        assert seq.finish_reason is FinishReason.FAILED and seq.num_output_tokens == 0
+        assert "sampling.structured_output.json_schema: " in seq.error and message in seq.error, seq.error
+    assert out["good"][0].finish_reason is FinishReason.EOS
+    assert (out["plain"][0].finish_reason, out["plain"][0].num_output_tokens) == (FinishReason.LENGTH, 6)
+    drained(engine, plugin)
 
 
 def test_the_torch_executor_brings_the_plugin_and_a_given_one_replaces_it():

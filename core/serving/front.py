@@ -181,7 +181,10 @@ class Front:
         except _Gone:
             return Response(status_code=499)
         except Failed as exc:
-            return error(502, str(exc))
+            answer = error(exc.status, str(exc))
+            if exc.status == 503:
+                answer.headers["retry-after"] = "1"
+            return answer
         if isinstance(got, Response):
             return got
         view, upstream = got

@@ -38,6 +38,9 @@ _RESET = (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError)
 closed, when the replica lives on (sent again, to another replica); a replica that died with the
 request (502: it may have begun computing it)."""
 MAX_ATTEMPTS = 3
+"""Tries of each replica for a request none has taken (timeouts, resets) before the front gives up."""
+RETRY_PAUSE_S = 0.05
+"""The pause before trying every replica again, times the attempts made (a connect storm eases)."""
 
 
 def make_client() -> httpx.AsyncClient:
@@ -47,7 +50,12 @@ def make_client() -> httpx.AsyncClient:
 
 
 class Failed(Exception):
-    """A request that no replica could take, or whose replica failed before answering."""
+    """A request that no replica could take, or whose replica failed before answering; `status`:
+    502 (a replica failed), 503 (live replicas too busy to take a connection: try again later)."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Proxy:
@@ -67,16 +75,25 @@ class Proxy:
         `route(tried)` chooses a view among the live ones not in `tried` (or answers a response:
         a refusal, returned as it is)."""
         tried: set[int] = set()
-        last = ""
-        for _ in range(MAX_ATTEMPTS):
+        last, busy = "", False
+        sends, most = 0, MAX_ATTEMPTS * max(1, len(self.health.views))
+        while sends < most:
             view = route(tried)
             if not isinstance(view, RemoteView):
-                return view
+                live = self.health.live()
+                if not tried or not live or any(v.slot not in tried for v in live):
+                    return view  # a refusal, or no replica up
+                # every live replica was tried and none took it (timeouts, resets): they live on,
+                # so this is load, not failure: wait a moment and try them all again
+                tried.clear()
+                await asyncio.sleep(RETRY_PAUSE_S * sends)
+                continue
             handle = self.health.replicas[view.slot]
             tried.add(view.slot)
             if not handle.is_alive():  # died since the last poll: route again among the others
                 self.health.mark_down(view, handle.why_down() or "not running")
                 continue
+            sends += 1
             view.routed(request)  # recorded at dispatch: the next request's router sees it
             view.outstanding.add(request.request_id, tokens)
             try:
@@ -88,6 +105,7 @@ class Proxy:
                     raise
                 last = await self.health.failure(view, exc)
                 if isinstance(exc, _NEVER_SENT) or (isinstance(exc, _RESET) and handle.is_alive()):
+                    busy = True
                     continue  # the replica never took it: another one may
                 self.metrics.failed.labels(view.name, view.pool).inc()
                 raise Failed(last) from None
@@ -95,6 +113,8 @@ class Proxy:
             self.metrics.routed.labels(*labels).inc()
             self.metrics.in_flight.labels(*labels).inc()
             return view, upstream
+        if busy:  # live replicas that took no connection in time: overloaded, not failed
+            raise Failed(f"no replica took the request in {MAX_ATTEMPTS} tries each ({last})", status=503)
         raise Failed(last or "no replica took the request")
 
     def ended(self, view: RemoteView, request_id: str, started: float) -> None:

@@ -19,6 +19,11 @@ from ..cluster.view import Outstanding, ReplicaView, RouteRequest
 
 DEFAULT_BLOCK_SIZE = 16
 
+MAX_ESTIMATE_BLOCKS = 64
+"""The front's prefix estimate looks at most this many leading blocks of a prompt (1,024 tokens at
+16 a block): it hashes no more of a long prompt per request, and two replicas that both hold more
+of it count as equal there (the load bound decides)."""
+
 
 class SaltedPrompt(list):
     """A prompt's tokens whose block hashes (`RouteRequest.block_chain`) chain from a salt (a
@@ -31,11 +36,12 @@ class SaltedPrompt(list):
         self.salt = salt
 
     def block_chain(self, block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
-        """`[(chained hash, tokens), ...]` of the full blocks among the first `max_tokens`, the
-        first block's parent being the salt."""
+        """`[(chained hash, tokens), ...]` of the full blocks among the first `max_tokens` (at most
+        `MAX_ESTIMATE_BLOCKS` of them), the first block's parent being the salt."""
         out = []
         parent: int = hash(("cache_salt", self.salt))
-        for pos in range(0, min(len(self), max_tokens) - block_size + 1, block_size):
+        end = min(len(self), max_tokens, MAX_ESTIMATE_BLOCKS * block_size) - block_size + 1
+        for pos in range(0, end, block_size):
             tokens = tuple(self[pos:pos + block_size])
             parent = hash((parent, tokens, None))
             out.append((parent, tokens))
@@ -53,23 +59,28 @@ class RoutedPrefixes:
         self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def add(self, chain: list[tuple[int, tuple]]) -> None:
-        """Remember a routed prompt's blocks (`RouteRequest.block_chain`)."""
+        """Remember a routed prompt's blocks (`RouteRequest.block_chain`), deepest first: a prompt's
+        first blocks are the most recently used, so the least recently used blocks forgotten first
+        are the ends of prefixes (as a radix cache evicts leaves), never a prefix's start."""
         blocks = self._blocks
-        for h, _ in chain:
+        for h, _ in reversed(chain):
             blocks[h] = None
             blocks.move_to_end(h)
         while len(blocks) > self.capacity:
             blocks.popitem(last=False)
 
-    def hit_blocks(self, chain: list[tuple[int, tuple]]) -> int:
-        """How many leading blocks of `chain` were routed here (and not forgotten)."""
-        n = 0
+    def hit_blocks(self, chain: list[tuple[int, tuple]], at_least: int = 0) -> int:
+        """How many leading blocks of `chain` were routed here (and not forgotten); with
+        `at_least`, 0 when fewer than that (one probe when block `at_least` is not here)."""
         blocks = self._blocks
+        if at_least and (at_least > len(chain) or chain[at_least - 1][0] not in blocks):
+            return 0
+        n = 0
         for h, _ in chain:
             if h not in blocks:
                 break
             n += 1
-        return n
+        return n if n >= at_least else 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -122,6 +133,10 @@ class RemoteView(ReplicaView):
     def prefix_hit(self, request: RouteRequest) -> int:
         bs = self.block_size
         return self.prefixes.hit_blocks(request.block_chain(bs)) * bs
+
+    def prefix_hit_at_least(self, request: RouteRequest, tokens: int) -> int:
+        bs = self.block_size
+        return self.prefixes.hit_blocks(request.block_chain(bs), -(-tokens // bs)) * bs
 
     def routed(self, request: RouteRequest) -> None:
         """Remember a prompt routed here (for later `prefix_hit` estimates)."""
