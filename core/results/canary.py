@@ -191,7 +191,8 @@ def compare_arms(
 def format_canary(name: str, comparison: dict[str, Any]) -> str:
     """The comparison as a terminal table (milliseconds)."""
     req = comparison["requests"]
-    head = (f"canary {name}: baseline {req['baseline']} requests, canary {req['canary']} requests, "
+    base = "baseline (twin: the canary's own requests)" if comparison.get("pairing") == "twin" else "baseline"
+    head = (f"canary {name}: {base} {req['baseline']} requests, canary {req['canary']} requests, "
             f"{comparison.get('windows', 0)} windows, {comparison['level']:.0%} intervals: "
             f"verdict {comparison['verdict'] or '-'}")
     lines = [head]
