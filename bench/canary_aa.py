@@ -22,6 +22,7 @@ Run:  python bench/canary_aa.py --workload ../shared/traces/azure_code_2023.csv 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -91,12 +92,25 @@ def main() -> None:
     p.add_argument("--power-draws", type=int, default=30, help="draws of each planted effect")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--variants", default="aa,half,slow3")
+    p.add_argument("--save", help="append each draw's canary section to this JSON-lines file as it ends")
+    p.add_argument("--tables-from", nargs="+", metavar="FILE",
+                   help="run nothing: print the tables of the draws saved in these files (--save)")
     args = p.parse_args()
     results: dict[str, list[dict]] = {}
-    for variant in args.variants.split(","):
+    if args.tables_from:
+        for path in args.tables_from:
+            for line in Path(path).read_text().splitlines():
+                row = json.loads(line)
+                results.setdefault(row["variant"], []).append(row["canary"])
+    for variant in [] if args.tables_from else args.variants.split(","):
         n = args.draws if variant == "aa" else args.power_draws
         start = time.perf_counter()
-        results[variant] = [trial(args, args.first_seed + s, variant) for s in range(n)]
+        results[variant] = []
+        for s in range(args.first_seed, args.first_seed + n):
+            results[variant].append(trial(args, s, variant))
+            if args.save:
+                with open(args.save, "a") as f:
+                    f.write(json.dumps({"variant": variant, "seed": s, "canary": results[variant][-1]}) + "\n")
         print(f"{variant}: {n} draws in {time.perf_counter() - start:.0f} s", flush=True)
     print(f"{args.workload}: {args.max_requests} requests a draw, rate scale {args.rate_scale}, 2 replicas (one per "
           f"arm, 50% each), max_num_seqs {args.max_num_seqs}, {args.cost_model}; cells: draws with the verdict "
