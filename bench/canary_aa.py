@@ -17,6 +17,10 @@ requests, the only comparison a serving front can make), with 95% Wilson interva
 
 Run:  python bench/canary_aa.py --workload ../shared/traces/azure_code_2023.csv --max-requests 200 \\
           --rate-scale 0.8 --max-num-seqs 8 --draws 100 --power-draws 20
+and, for the power of a longer canary:
+      python bench/canary_aa.py --workload ../shared/traces/azure_code_2023.csv --max-requests 1000 \\
+          --rate-scale 0.8 --max-num-seqs 8 --variants half,slow3 --power-draws 10
+(`--save FILE` keeps each draw as it ends; `--tables-from FILE...` prints the tables of saved draws.)
 """
 
 from __future__ import annotations
