@@ -5,7 +5,7 @@ canary's requests (`metroline.core.cluster.twins`), not with the baseline arm's 
 - identical engines: the twin's records are the canary's, request for request, so every
   difference is exactly 0, while the split comparison (the baseline arm's requests) is not;
 - an A/A canary whose arms differ only in private randomness (random order of service, another
-  `plugin_salt`): over DRAWS draws the overall verdict is false at most as often as
+  `plugin_salt`): over DRAWS (30) draws the overall verdict is false at most as often as
   Binomial(DRAWS, 0.05)'s 99% quantile allows (bench/canary_aa.py measures it on a real trace).
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from aa_plugins import RandomOrder  # admission in an order drawn from ctx.salt
 
 from metroline.core.cluster.simulation import run_cluster
@@ -92,7 +91,6 @@ def test_upper_quantile_of_the_binomial():
     assert upper_quantile(10, 0.5, 0.5) == 5
 
 
-@pytest.mark.slow
 def test_an_a_a_canary_against_its_twin_holds_the_nominal_overall_rate():
     sections = [canary(seed, 40, random_order=True, canary_config={"plugin_salt": 2 * seed + 2})
                 for seed in range(DRAWS)]
