@@ -81,9 +81,12 @@ def _summary(engines: list[Engine], arrivals: list[float], measure: MeasurementW
 
 def cluster_document(reps: list[Any], refused: MetricsCollector, workload: Workload, wall_s: float,
                      router: str, spec: ClusterSpec, config: EngineConfig, oracle_lengths: bool, window_s: float,
-                     measure: MeasurementWindow | None = None) -> dict[str, Any]:
+                     measure: MeasurementWindow | None = None,
+                     twins: dict[str, list[Engine]] | None = None) -> dict[str, Any]:
     """The cluster's result document (see `run_cluster`); `reps`: its replicas
-    (`metroline.core.cluster.simulation.Replica`: `plan`, `engine`, `routed`)."""
+    (`metroline.core.cluster.simulation.Replica`: `plan`, `engine`, `routed`); `twins`: pool -> its
+    canary's twins (`metroline.core.cluster.twins`), whose comparison with the canary is the
+    canary's `comparison` (`split_comparison` the one against the baseline arm's requests)."""
     engines = [r.engine for r in reps]
     proxy = PooledEngines(engines, engines[0].config if len(engines) == 1 else config, refused)
     doc = result_of(proxy, workload, wall_s, oracle_lengths=oracle_lengths, window_s=window_s, measure=measure)
@@ -109,18 +112,28 @@ def cluster_document(reps: list[Any], refused: MetricsCollector, workload: Workl
                     for arm in (BASELINE, CANARY)}
             if not arms[CANARY]:
                 continue
-            samples = {arm: ArmSamples.of_records(_in_window([rec for e in es for rec in e.metrics.requests], measure))
-                       for arm, es in arms.items()}
+            samples = {arm: _samples(es, measure) for arm, es in arms.items()}
+            split = compare_arms(samples[BASELINE], samples[CANARY])
+            split["pairing"] = "split"
+            paired = None
+            if twins and twins.get(pool):
+                paired = compare_arms(_samples(twins[pool], measure), samples[CANARY])
+                paired["pairing"] = "twin"
             doc["canary"][pool] = {
                 "policy": {arm: next(r.plan.policy for r in reps if r.plan.pool == pool and r.plan.arm == arm)
                            for arm in arms},
                 "changes": config_changes(arms[BASELINE][0].config, arms[CANARY][0].config),
                 "summary": {arm: _summary(es, arrivals, measure, **kw) for arm, es in arms.items()},
-                "comparison": compare_arms(samples[BASELINE], samples[CANARY]),
+                "comparison": paired or split,
+                "split_comparison": split,
             }
     from ..results.document import _jsonable
 
     return _jsonable(doc)
+
+
+def _samples(engines: list[Engine], measure: MeasurementWindow | None) -> ArmSamples:
+    return ArmSamples.of_records(_in_window([rec for e in engines for rec in e.metrics.requests], measure))
 
 
 def _in_window(records: list, measure: MeasurementWindow | None) -> list:

@@ -26,8 +26,9 @@ from ..step.engine import Engine
 from ..workloads.build import Workload
 from .document import cluster_document
 from .router import Router, make_router
-from .spec import DEFAULT_ROUTER, ClusterSpec, ReplicaPlan, cluster_spec
+from .spec import CANARY, DEFAULT_ROUTER, ClusterSpec, ReplicaPlan, cluster_spec
 from .targets import RouteTargets, replica_view
+from .twins import canary_twins
 from .view import Outstanding, Refuse, RouteRequest
 
 
@@ -35,7 +36,7 @@ class Replica:
     """One engine of the cluster with what was routed to it; `driver`: the engine under the
     driving loop."""
 
-    __slots__ = ("driver", "engine", "outstanding", "plan", "routed", "seen")
+    __slots__ = ("driver", "engine", "outstanding", "plan", "routed", "seen", "served")
 
     def __init__(self, plan: ReplicaPlan, engine: Engine, max_idle_steps: int = 1000) -> None:
         self.plan = plan
@@ -44,6 +45,7 @@ class Replica:
         self.outstanding = Outstanding()
         self.seen = 0  # records already read (requests ended)
         self.routed = 0
+        self.served: list[int] = []  # the workload indexes routed to it (a canary's twin replays them)
 
 
 def spec_of(replicas: int = 1, pools: dict[str, int] | None = None, router: str = DEFAULT_ROUTER,
@@ -84,8 +86,10 @@ def run_cluster(
     steps pooled; `kv_peak_blocks` is the sum of the replicas' peaks), with `cluster` (`replicas`,
     `router`, `refused`, `spec`), `replicas` (per replica: `index`, `name`, `pool`, `arm`,
     `policy`, `routed` and its `summary`), with pools `pools` (pool -> summary over its
-    replicas), and with a canary `canary` (pool -> each arm's summary and `comparison`, see
-    `results/canary.py`). With one replica the rest of the document is the one
+    replicas), and with a canary `canary` (pool -> each arm's summary and `comparison`: the canary
+    against its twins, the baseline engine replayed on the canary's own requests
+    (`metroline.core.cluster.twins`; unless the canary sets `twin = false`), and `split_comparison`,
+    against the baseline arm's other requests; see `metroline.core.results.canary`). With one replica the rest of the document is the one
     `runner.run_workload` gives."""
     if spec is None:
         spec = spec_of(replicas, pools, router if isinstance(router, str) else DEFAULT_ROUTER, router_options)
@@ -102,8 +106,9 @@ def run_cluster(
     refused = MetricsCollector(config.max_num_seqs)
     until = measure.stop_s if measure is not None else math.inf
     wall = _loop(workload.items, reps, targets, router, refused, vocab_size, oracle_lengths, until)
+    twins = canary_twins(spec, reps, workload.items, build, plugins, vocab_size, oracle_lengths, until, max_idle_steps)
     doc = cluster_document(reps, refused, workload, wall, router_name, spec, config, oracle_lengths, window_s,
-                           measure)
+                           measure, twins)
     return doc, [r.engine for r in reps]
 
 
@@ -142,6 +147,8 @@ def _arrive(item: Any, rid: str, reps: list[Replica], targets: RouteTargets, rou
         return
     r = reps[indexes[choice]]
     r.routed += 1
+    if r.plan.arm == CANARY:
+        r.served.append(int(rid))
     r.driver.before_arrival(item.arrival_s)
     if submit(r.engine, item, rid, vocab_size, oracle, data):
         r.outstanding.add(rid, item.prompt_len + item.output_len)

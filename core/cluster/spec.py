@@ -18,6 +18,7 @@ replicas = 1
 replicas = 1                          # of the pool's 3: 2 run the pool's stack, 1 the canary's
 policy = "fcfs"
 percent = 10                          # or tenants = ["beta"]
+twin = true                           # simulation: compare against the baseline engine on the canary's own requests
 ```
 
 Without pools, `replicas = N` puts N replicas in one pool, `default`. Flags (`--replicas`,
@@ -46,7 +47,12 @@ class CanarySpec(BaseModel):
     """A pool's canary: `replicas` of the pool's replicas run this stack (`policy`, `plugins`,
     `config` overrides, each defaulting to the pool's), and a share of the pool's traffic goes to
     them: `percent` of the requests (interleaved evenly, starting at `seed` percent: see
-    `targets.py`) or the requests of `tenants`. The rest of the pool is the baseline arm."""
+    `targets.py`) or the requests of `tenants`. The rest of the pool is the baseline arm.
+
+    `twin` (simulation only, default True): the canary is compared with its twins, the baseline
+    engine replayed on exactly the canary's requests (`metroline.core.cluster.twins`), so that its
+    verdict follows the engine and not which requests each arm got; False compares it with the
+    baseline arm's own requests only (what a serving front can do), at no extra simulation."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -58,6 +64,7 @@ class CanarySpec(BaseModel):
     percent: float | None = Field(default=None, gt=0, lt=100, allow_inf_nan=False)
     tenants: list[str] | None = Field(default=None, min_length=1)
     seed: int = 0
+    twin: bool = True
 
     @model_validator(mode="after")
     def _one_split(self) -> CanarySpec:

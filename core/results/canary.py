@@ -2,7 +2,8 @@
 of the difference canary - baseline and a verdict, from the requests each arm served.
 
 The two arms serve different requests at the same time, so the comparison is not paired request
-by request. Latencies of requests close in time are correlated (a queue that builds up delays
+by request (in simulation the baseline can be the canary's twin instead, the baseline engine on the
+canary's own requests, `metroline.core.cluster.twins`: then both are resampled request for request). Latencies of requests close in time are correlated (a queue that builds up delays
 every request behind it; a batch slows every sequence in it), so treating requests as independent
 would give intervals far too narrow: an A/A canary would be called different often. The unit of
 resampling is a *time window* instead (a block bootstrap):
@@ -191,7 +192,8 @@ def compare_arms(
 def format_canary(name: str, comparison: dict[str, Any]) -> str:
     """The comparison as a terminal table (milliseconds)."""
     req = comparison["requests"]
-    head = (f"canary {name}: baseline {req['baseline']} requests, canary {req['canary']} requests, "
+    base = "baseline (twin: the canary's own requests)" if comparison.get("pairing") == "twin" else "baseline"
+    head = (f"canary {name}: {base} {req['baseline']} requests, canary {req['canary']} requests, "
             f"{comparison.get('windows', 0)} windows, {comparison['level']:.0%} intervals: "
             f"verdict {comparison['verdict'] or '-'}")
     lines = [head]
