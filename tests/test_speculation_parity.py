@@ -257,3 +257,26 @@ def test_smollm2_copy_edit_keeps_every_token_with_ngram_and_a_draft_model():
         assert engine.scheduler.total_preemptions > 0
         assert max(s.num_cached_prompt_tokens for s in seqs.values()) > 0
         assert engine.scheduler.speculation.counters.num_accepted_tokens > 0
+
+
+def test_cli_sizes_the_pool_for_both_models(tmp_path, capsys):
+    """`run --speculative-config` with a draft model folder: the pool's blocks are sized for the
+    target's and the draft's KV per slot, and the run completes."""
+    import json
+
+    from torch_helpers import tiny_llama
+
+    from metroline.cli import main
+
+    tiny_llama(3).save_pretrained(tmp_path / "target")
+    tiny_llama(9).save_pretrained(tmp_path / "draft")
+    spec = json.dumps({"model": str(tmp_path / "draft"), "num_speculative_tokens": 2})
+    argv = ["run", "--executor", "torch", "--model", str(tmp_path / "target"), "--kv-memory", str(1 / 1024),
+            "--speculative-config", spec, "--workload", "mixed-64", "--groups", "1", "--length-scale", "0.1",
+            "--max-requests", "4", "--json", str(tmp_path / "run.json")]
+    assert main(argv) == 0
+    # each model: 2 (K, V) x 2 layers x 2 KV heads x 16 dims x 4 bytes = 512 bytes a token, so a
+    # slot takes 1024, and 1 MiB / (1024 x 16 tokens a block) = 64 blocks
+    assert "executor torch: 64 KV blocks x 16 tokens = 1024 tokens (1024 bytes/token)" in capsys.readouterr().out
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["config"]["num_blocks"] == 64 and doc["summary"]["completed"] == 4
