@@ -4,17 +4,22 @@ pays (the model is asked to copy-edit a given text, so its output repeats the pr
 Each prompt is a paragraph and an instruction to write it out again with one change; greedy, EOS
 on, `--max-new-tokens` at most. The same requests run without speculation and with
 `{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 5}`
-(after a warm-up run of each), one at a time (`--batch 1`) or all together. Printed: output
-tokens per second of each, the speed-up, whether every output is identical token for token, and
-the drafts' acceptance rate and mean acceptance length.
+(after a warm-up run of each), one at a time (`--batch 1`) or all together, `--repeats` rounds
+alternating the two (the order swapped each round, so drift in the machine's load hits both), each
+run's load average printed beside it. Printed: output tokens per second of each run, the medians
+and the speed-up of the medians, whether every output is identical token for token, and the
+drafts' acceptance rate and mean acceptance length. The malloc settings of the README's torch
+benchmarks are applied (the script re-executes itself with them).
 
 Run:  .venv/bin/python bench/spec_decode.py [--k 4] [--batch 1] [--max-new-tokens 96] [--threads 2] [--prompts N]
+      [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -64,6 +69,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="rounds of (without, with) speculation; medians printed")
     p.add_argument("--prompts", type=int, default=len(TEXTS), help="how many of the texts (default all)")
     args = p.parse_args()
     import torch
@@ -77,15 +83,31 @@ def main() -> None:
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     run(executor, tokenizer, prompts[:1], None, 8, 1)  # warm-up
     run(executor, tokenizer, prompts[:1], spec, 8, 1)
-    plain_s, plain, _ = run(executor, tokenizer, prompts, None, args.max_new_tokens, args.batch)
-    spec_s, spec_out, c = run(executor, tokenizer, prompts, spec, args.max_new_tokens, args.batch)
-    tokens = sum(map(len, plain))
     print(f"SmolLM2-135M, CPU float32, {args.threads} threads, {len(prompts)} copy-edit prompts, batch {args.batch}, "
-          f"greedy, <= {args.max_new_tokens} new tokens; n-gram k={args.k}, lookup 2..5")
-    print(f"  without speculation: {tokens} tokens in {plain_s:.2f} s = {tokens / plain_s:.1f} tok/s")
-    print(f"  with n-gram:         {sum(map(len, spec_out))} tokens in {spec_s:.2f} s = "
-          f"{sum(map(len, spec_out)) / spec_s:.1f} tok/s")
-    print(f"  speed-up {plain_s / spec_s:.2f}x; outputs identical: {spec_out == plain}; acceptance rate "
+          f"greedy, <= {args.max_new_tokens} new tokens; n-gram k={args.k}, lookup 2..5; {args.repeats} rounds, "
+          f"without and with speculation alternating (the order swapped each round)", flush=True)
+    rates = {"plain": [], "spec": []}
+    plain = spec_out = c = None
+    for r in range(args.repeats):
+        for kind in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
+            load = os.getloadavg()[0]
+            wall, out, counters = run(executor, tokenizer, prompts, None if kind == "plain" else spec,
+                                      args.max_new_tokens, args.batch)
+            tokens = sum(map(len, out))
+            rates[kind].append(tokens / wall)
+            if kind == "plain":
+                plain = out
+            else:
+                spec_out, c = out, counters
+                if plain is not None and out != plain:
+                    print("  OUTPUTS DIFFER")
+            print(f"  round {r + 1} {'without' if kind == 'plain' else 'with n-gram':<11} {tokens} tokens in "
+                  f"{wall:6.2f} s = {tokens / wall:6.1f} tok/s   (load average {load:.2f} at its start)", flush=True)
+    med_plain, med_spec = statistics.median(rates["plain"]), statistics.median(rates["spec"])
+    pairs = [s / p for p, s in zip(rates["plain"], rates["spec"])]
+    print(f"  median without speculation {med_plain:.1f} tok/s, with n-gram {med_spec:.1f} tok/s: speed-up "
+          f"{med_spec / med_plain:.2f}x (per round: {', '.join(f'{x:.2f}x' for x in pairs)})")
+    print(f"  outputs identical: {spec_out == plain}; acceptance rate "
           f"{c['acceptance_rate']:.1%}, mean acceptance length {c['mean_acceptance_length']:.2f}, "
           f"tokens per request-step {c['tokens_per_request_step']:.2f}")
     print(f"  first output: {tokenizer.decode(plain[0])!r}")

@@ -66,7 +66,9 @@ class RealExecutor(Executor, Protocol):
       the ones it is given (the torch executor's `structured_output`, which holds requests'
       outputs to a JSON schema on its logits).
     - `kv_bytes_per_token`: 2 x layers x KV heads x head dim x dtype size;
-      `suggest_num_blocks(block_size)`: the blocks the executor's memory budget holds.
+      `suggest_num_blocks(block_size)`: the blocks the executor's memory budget holds (an
+      executor whose speculative decoding keeps KV in the pool's blocks also takes
+      `speculative_config=`, which `fit_config` passes when the config has one).
     """
 
     eos_token_id: int | None

@@ -174,7 +174,9 @@ def fit_config(config: Any, executor: Any, user_fields: set[str]) -> Any:
     update: dict[str, Any] = {}
     suggest = getattr(executor, "suggest_num_blocks", None)
     if suggest is not None and "num_blocks" not in user_fields:
-        update["num_blocks"] = suggest(config.block_size)
+        spec = getattr(config, "speculative_config", None)  # a draft model's KV shares the pool
+        update["num_blocks"] = suggest(config.block_size) if spec is None else suggest(
+            config.block_size, speculative_config=spec)
     model_len = getattr(executor, "max_model_len", None)
     if model_len and "max_model_len" not in user_fields:
         update["max_model_len"] = model_len
@@ -199,10 +201,16 @@ def prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     if getattr(executor, "kv_bytes_per_token", None):
         print(
             f"executor {executor.name}: {config.num_blocks} KV blocks x {config.block_size} tokens = "
-            f"{config.max_kv_tokens} tokens ({executor.kv_bytes_per_token} bytes/token), "
+            f"{config.max_kv_tokens} tokens ({_pool_bytes(executor, config)} bytes/token), "
             f"max_model_len {config.max_model_len}"
         )
     return config, run, executor
+
+
+def _pool_bytes(executor: Any, config: Any) -> int:
+    """Bytes of KV per pool slot: the target's, and a draft model's when it shares the pool."""
+    pool_bytes = getattr(executor, "pool_bytes_per_token", None)
+    return executor.kv_bytes_per_token if pool_bytes is None else pool_bytes(config.speculative_config)
 
 
 def workload_seed(config: Any) -> int | None:

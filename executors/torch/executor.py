@@ -20,8 +20,10 @@ import torch
 from ...core.step.plan import StepPlan, StepResult
 from ..base import ExecutorStats
 from . import attention, invariant_step, linear, support
-from .drafters import make_drafter
+from .draft_model import draft_kv_bytes_per_token
+from .drafters import load_draft_model, make_drafter
 from .kv_cache import PagedKVCache, kv_bytes_per_token
+from .packing import pack
 from .invariant_sampling import RowwiseTorchSampler
 from .sampling import TorchSampler
 
@@ -77,7 +79,8 @@ class TorchExecutor:
         self.kv: PagedKVCache | None = None
         self.deterministic = False
         self.drafter: Any = None
-        self.draft_model: Any = None  # a loaded draft model for `speculative_config.method = "draft_model"`
+        self.draft_model: Any = None  # the draft model of `speculative_config.method = "draft_model"`
+        self._draft_source: str | None = None  # what `draft_model` was loaded from (None: given)
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
@@ -121,9 +124,27 @@ class TorchExecutor:
             total = 4 * CPU_KV_BUDGET
         return min(CPU_KV_BUDGET, total // 4)
 
-    def suggest_num_blocks(self, block_size: int) -> int:
-        """How many blocks of `block_size` tokens the KV budget holds."""
-        return max(1, self.kv_budget() // (self.kv_bytes_per_token * block_size))
+    def prepare_speculation(self, config: Any) -> None:
+        """Load the draft model `config` (a `SpeculativeConfig`, or None) names, unless it is the
+        one loaded (or one was given as `draft_model`), so that its KV can be counted."""
+        if config is None or config.method != "draft_model":
+            return
+        if self.draft_model is None or (self._draft_source is not None and self._draft_source != config.model):
+            self.draft_model = load_draft_model(config, self)
+            self._draft_source = config.model
+
+    def pool_bytes_per_token(self, speculative_config: Any = None) -> int:
+        """Bytes one slot of a pool block takes: the target's KV and, with a draft model, the
+        draft's (`metroline.executors.torch.draft_model`: its KV lives in the same blocks)."""
+        if speculative_config is None or speculative_config.method != "draft_model":
+            return self.kv_bytes_per_token
+        self.prepare_speculation(speculative_config)
+        return self.kv_bytes_per_token + draft_kv_bytes_per_token(self.draft_model)
+
+    def suggest_num_blocks(self, block_size: int, speculative_config: Any = None) -> int:
+        """How many blocks of `block_size` tokens the KV budget holds, with a draft model's KV
+        counted when `speculative_config` names one (`pool_bytes_per_token`)."""
+        return max(1, self.kv_budget() // (self.pool_bytes_per_token(speculative_config) * block_size))
 
     def bind(self, config: Any) -> None:
         """Allocate the KV blocks for an engine's pool (replacing any earlier allocation); the
@@ -143,13 +164,19 @@ class TorchExecutor:
             self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,
             self.head_dim, self.dtype, self.device, config.swap_space_blocks,
         )
-        self.drafter = make_drafter(getattr(config, "speculative_config", None), self, self.draft_model)
+        self.drafter = None
+        spec = getattr(config, "speculative_config", None)
+        if spec is not None:
+            self.prepare_speculation(spec)
+            self.drafter = make_drafter(spec, self, self.draft_model)
+            self.drafter.bind(config)
         self.stats = ExecutorStats()
         self._t0 = time.perf_counter()
 
     def close(self) -> None:
-        """Free the KV blocks (and the CUDA cache)."""
+        """Free the KV blocks, the draft model's with them (and the CUDA cache)."""
         self.kv = None
+        self.drafter = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -171,13 +198,16 @@ class TorchExecutor:
         with torch.inference_mode():
             if plan.block_ops:
                 self.kv.run_block_ops(plan.block_ops)
-            drafts = self.drafter.propose(plan) if plan.drafts else None
+                if self.drafter is not None:
+                    self.drafter.run_block_ops(plan.block_ops)
+            # a draft model writes its KV for every step's tokens, drafting or not
+            drafts = self.drafter.propose(plan) if self.drafter is not None and plan.scheduled else None
             logits = self._forward(plan, drafts) if plan.scheduled else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = self.now()
         self.stats.record(plan, end - start)
-        if drafts is not None:  # the rows after the sampled ones verify the drafts
+        if plan.drafts:  # the rows after the sampled ones verify the drafts
             n = len(plan.sample_seqs)
             return StepResult(end, logits[:n], draft_tokens=drafts, draft_logits=logits[n:])
         return StepResult(end, logits)
@@ -189,47 +219,24 @@ class TorchExecutor:
         if self.deterministic:
             return invariant_step.forward_tiles(self.model, plan, self.kv, self._invariant_ops,
                                                 self.kv.num_blocks - 2)
-        bs = plan.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
+        entries = []
         last_row: dict[Any, int] = {}
+        row = 0
         for seq, n in plan.scheduled.items():
             first = seq.num_computed_tokens
             proposed = drafts.get(seq) if drafts else None
-            end = first + (n if proposed is None else 1 + len(proposed))
-            ids.extend(seq.token_ids[first:end] if proposed is None else [seq.token_ids[first], *proposed])
-            positions.extend(range(first, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(first, end))
-            starts.append(starts[-1] + end - first)
-            seq_lens.append(end)
-            tables.append(table[: (end + bs - 1) // bs])
-            last_row[seq] = starts[-1] - 1 if proposed is None else starts[-2]
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
-        meta = attention.StepMeta(
-            torch.tensor(slots, dtype=torch.int64, device=dev),
-            torch.tensor(padded, dtype=torch.int32, device=dev),
-            torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            torch.tensor(starts, dtype=torch.int32, device=dev),
-            self.kv.k_layers, self.kv.v_layers, self.ops,
-        )
+            tokens = seq.token_ids[first:first + n] if proposed is None else [seq.token_ids[first], *proposed]
+            entries.append((tokens, first, seq.block_table))
+            last_row[seq] = row + len(tokens) - 1 if proposed is None else row
+            row += len(tokens)
+        packed = pack(entries, plan.block_size, self.device, self.kv.k_layers, self.kv.v_layers, self.ops)
         rows = [last_row[s] for s in plan.sample_seqs]
         if drafts:
             rows += [last_row[s] + 1 + j for s, d in drafts.items() for j in range(len(d))]
-        keep = torch.tensor(rows, dtype=torch.int64, device=dev)
-        with attention.active_step(meta), linear.active():
-            out = self.model(
-                input_ids=torch.tensor([ids], device=dev),
-                position_ids=torch.tensor([positions], device=dev),
-                use_cache=False,
-                logits_to_keep=keep,
-            )
+        keep = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        with attention.active_step(packed.meta), linear.active():
+            out = self.model(input_ids=packed.ids, position_ids=packed.positions, use_cache=False,
+                             logits_to_keep=keep)
         return out.logits[0].float()
 
     def plugins(self) -> list[Any]:
