@@ -89,16 +89,18 @@ def part2(args: argparse.Namespace) -> None:
     result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs)
     table = result["comparison"]["policies"]
     base = arms[0].name
-    values = table[base]["summary.tpot_s.p99"]["values"]
-    print(f"  {base}: P99 TPOT {' '.join(f'{v * 1e3:6.1f}' for v in values)} ms, mean {mean(values) * 1e3:6.1f} ms")
-    for arm in arms[1:]:
-        entry = table[arm.name]["summary.tpot_s.p99"]
-        vs = entry["vs_baseline"]
-        d, rel = vs["difference"], vs["relative"]
-        print(f"  {arm.name:<5} P99 TPOT {' '.join(f'{v * 1e3:6.1f}' for v in entry['values'])} ms, mean "
-              f"{mean(entry['values']) * 1e3:6.1f}; {arm.name} - {base} = {d['estimate'] * 1e3:+6.2f} ms "
-              f"[{d['low'] * 1e3:+.2f}, {d['high'] * 1e3:+.2f}] ({rel['estimate']:+.1%}): {arm.name} {vs['verdict']}"
-              + (f" (uncorrected: {vs['verdict_uncorrected']})" if vs.get("removed_by") else ""))
+    for key, title, scale, unit in (("summary.tpot_s.p99", "P99 TPOT", 1e3, "ms"), ("summary.tpot_s.mean", "mean TPOT", 1e3, "ms"),
+                                    ("summary.output_throughput_tok_s", "output throughput", 1.0, "tok/s")):
+        values = table[base][key]["values"]
+        print(f"  {title}: {base} {' '.join(f'{v * scale:.1f}' for v in values)} {unit}, mean {mean(values) * scale:.1f}")
+        for arm in arms[1:]:
+            entry = table[arm.name][key]
+            vs = entry["vs_baseline"]
+            d, rel = vs["difference"], vs["relative"]
+            print(f"    {arm.name:<5} mean {mean(entry['values']) * scale:7.1f} {unit}; {arm.name} - {base} = "
+                  f"{d['estimate'] * scale:+7.2f} [{d['low'] * scale:+.2f}, {d['high'] * scale:+.2f}] "
+                  f"({rel['estimate']:+.1%}): {arm.name} {vs['verdict']}"
+                  + (f" (uncorrected: {vs['verdict_uncorrected']})" if vs.get("removed_by") else ""))
 
 
 def main() -> None:
