@@ -14,10 +14,12 @@ Gains are throughputs over the baseline's; "sum" is `g_cb + g_spec - 1` and "pro
 g_spec`; the combined gain is placed against both.
 
 Part 2 (adaptive against fixed k, at high load): the same trace at a rate that loads the batch-64
-engine, `--seeds` redraws (paired: the acceptance draws are keyed on request and position), each
-request's acceptance drawn from Beta around the mean (concentration 4): P99 TPOT of
-`adaptive_speculation` against every fixed k (1..K), with 95 % intervals of the paired difference
-and the verdicts.
+engine, `--seeds` redraws, the arms of `bench/spec_arms.toml` (`adaptive_speculation` with up to
+5 drafts, k = 1..5, no speculation; each request's acceptance drawn from Beta around 0.6,
+concentration 4, keyed on request and position so the arms are paired) run by `compare_arms`, as
+`metroline compare --arms bench/spec_arms.toml` runs them: P99 TPOT of each arm with the 95 %
+interval of its paired difference from the adaptive arm and the verdict, Holm-controlled over the
+whole table of metrics.
 
 Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5]
 """
@@ -27,12 +29,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ARMS = Path(__file__).resolve().parent / "spec_arms.toml"
 
 from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.experiments.runner import run_workload  # noqa: E402
-from metroline.core.results.stats import paired_difference  # noqa: E402
+from metroline.core.experiments.arms import compare_arms, load_arms  # noqa: E402
 from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
@@ -75,26 +79,28 @@ def part1(args: argparse.Namespace) -> None:
 
 
 def part2(args: argparse.Namespace) -> None:
-    print(f"== part 2: P99 TPOT at high load, batch 64, {args.seeds} seeds, x{args.load} rate, mean acceptance "
-          f"{args.acceptance} (Beta, concentration 4), k up to {args.k}")
-    arms: dict[str, list[float]] = {}
-    for seed in range(args.seeds):
-        wl = build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=seed)
-        spec = {"method": "draft_model", "model": "draft", "num_speculative_tokens": args.k, "seed": seed,
-                "acceptance_rate": args.acceptance, "acceptance_concentration": 4.0, "draft_cost": args.draft_cost}
-        arms.setdefault("adaptive", []).append(run(wl, 64, spec, ("adaptive_speculation",))["tpot_p99"])
-        for k in range(1, args.k + 1):
-            arms.setdefault(f"k={k}", []).append(run(wl, 64, {**spec, "num_speculative_tokens": k})["tpot_p99"])
-        arms.setdefault("none", []).append(run(wl, 64, None)["tpot_p99"])
-    adaptive = arms["adaptive"]
-    print(f"  adaptive_speculation: P99 TPOT mean {sum(adaptive) / len(adaptive):7.2f} ms")
-    for name, values in arms.items():
-        if name == "adaptive":
-            continue
-        d = paired_difference(values, adaptive, "lower")
-        rel = d.relative
-        print(f"  vs {name:<5} ({sum(values) / len(values):7.2f} ms): adaptive - it = {d.difference.estimate:+7.2f} ms "
-              f"[{d.difference.low:+.2f}, {d.difference.high:+.2f}] ({rel.estimate:+.1%}) -> {d.verdict}")
+    arms = load_arms(ARMS)
+    print(f"== part 2: P99 TPOT at high load: azure-conv, first {args.requests} requests x{args.load} rate, batch 64, "
+          f"{args.seeds} seeds (paired), the arms of {ARMS.relative_to(ARMS.parents[1])} (acceptance Beta around 0.6, "
+          "concentration 4); verdicts Holm-controlled over the whole table, as `compare --arms` gives them")
+    seeds = list(range(args.seeds))
+    draws = [build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=s) for s in seeds]
+    config = EngineConfig(max_num_seqs=64, num_blocks=8192)
+    result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs)
+    table = result["comparison"]["policies"]
+    base = arms[0].name
+    for key, title, scale, unit in (("summary.tpot_s.p99", "P99 TPOT", 1e3, "ms"), ("summary.tpot_s.mean", "mean TPOT", 1e3, "ms"),
+                                    ("summary.output_throughput_tok_s", "output throughput", 1.0, "tok/s")):
+        values = table[base][key]["values"]
+        print(f"  {title}: {base} {' '.join(f'{v * scale:.1f}' for v in values)} {unit}, mean {mean(values) * scale:.1f}")
+        for arm in arms[1:]:
+            entry = table[arm.name][key]
+            vs = entry["vs_baseline"]
+            d, rel = vs["difference"], vs["relative"]
+            print(f"    {arm.name:<5} mean {mean(entry['values']) * scale:7.1f} {unit}; {arm.name} - {base} = "
+                  f"{d['estimate'] * scale:+7.2f} [{d['low'] * scale:+.2f}, {d['high'] * scale:+.2f}] "
+                  f"({rel['estimate']:+.1%}): {arm.name} {vs['verdict']}"
+                  + (f" (uncorrected: {vs['verdict_uncorrected']})" if vs.get("removed_by") else ""))
 
 
 def main() -> None:
@@ -103,9 +109,9 @@ def main() -> None:
     p.add_argument("--rate-scale", type=float, default=0.5, help="part 1's arrival rate scale")
     p.add_argument("--load", type=float, default=3.0, help="part 2's arrival rate scale (high load)")
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--jobs", type=int, default=2, help="part 2's worker processes")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--draft-cost", type=float, default=0.05)
-    p.add_argument("--acceptance", type=float, default=0.6)
     p.add_argument("--part", type=int, choices=(1, 2))
     args = p.parse_args()
     if args.part in (None, 1):

@@ -75,9 +75,12 @@ def draft_time(plan: StepPlan, cost_model: Any, ratio: float) -> float:
     total = 0.0
     remaining = dict(plan.drafts)
     while remaining:
-        forward = StepPlan(plan.step, plan.block_size)
+        forward = StepPlan(plan.step, plan.block_size)  # one decode token per drafting sequence
         for seq in remaining:
-            forward.add(seq, 1, True)
+            forward.scheduled[seq] = 1
+            forward.decodes.add(seq)
+            forward.num_context_tokens += seq.num_computed_tokens + 1
+        forward.num_decode_tokens = len(remaining)
         total += cost_model.step_time(forward)
         remaining = {s: k - 1 for s, k in remaining.items() if k > 1}
     return ratio * total

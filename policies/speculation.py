@@ -1,39 +1,49 @@
-"""`adaptive_speculation`: fewer draft tokens as the batch grows, and for requests whose drafts fail.
+"""`adaptive_speculation`: per request and step, the drafts that pay for what they cost.
 
-Speculation trades compute for steps: a decode that carries `k` drafts costs the target `1 + k`
-tokens of work to advance by its accepted drafts plus one. At batch 1 a decode step is bound by
-reading the weights, and the drafts ride along almost free; as the batch grows the step becomes
-bound by compute and every rejected draft is work that delays everyone (and takes budget a
-prefill could have used). So, with `speculative_config` set (it stacks on any policy):
+Speculation trades compute for steps. Draft `j` of a run is accepted (with the ones before it)
+with probability about `a ** j`, `a` the request's per-draft acceptance, so `k` drafts give
+`E = 1 + a + ... + a ** k = (1 - a ** (k + 1)) / (1 - a)` tokens in expectation; each costs the
+target one more token of work (and a draft model one more forward per draft position). At batch 1
+a decode step is bound by reading the weights and drafts ride along almost free; as the batch
+grows, or a prefill chunk shares the step, it becomes bound by compute, a draft costs a token's
+compute, and a rejected one is work that delays every request in the batch. So, once a step,
+with `speculative_config` set (it stacks on any policy):
 
-- the batch: `by_batch_size`, a table of `[batch size, most drafts]` rows (vLLM's draft count by
-  batch size): from that many running decodes on, each carries at most that many drafts. The
-  default, for `num_speculative_tokens = K`: all `K` below 8 decodes, `ceil(K / 2)` from 8, 1
-  from 32, none from 64 on.
-- the request: its acceptance so far, `a = (accepted + prior * prior_rate) / (drafted + prior)`
-  (`seq.num_accepted_tokens`, `seq.num_draft_tokens`; the prior keeps a new request at
-  `prior_rate`). Draft `j` is accepted with probability about `a ** j`; it is drafted only while
-  that is at least `min_gain`, so a request whose drafts keep failing gets none, and one whose
-  drafts pass gets the batch's most.
+- each decode's acceptance so far: `a = (accepted + prior * prior_rate) / (accepted + rejections
+  + prior)` (`seq.num_accepted_tokens`, `seq.num_draft_rejections`: the maximum-likelihood rate of
+  its runs, which stop at the first rejection; `prior` pseudo-drafts at `prior_rate` for a new
+  request);
+- the step's seconds with `k` drafts per decode, `k = 0 .. max_drafts`, from the cost model
+  (`cost_model`, `cost_params`: the simulator's default, `roofline`, unless told): the decodes'
+  own step, plus the most the drafts add either to it alone or to the step with the prefill
+  chunks it would carry (running prefills, then waiting prompts while the batch has seats, in
+  the rest of `max_num_batched_tokens`): the marginal cost of a token at this batch size, never
+  taken as free because a prefill fills the budget (a draft there displaces prefill work the
+  batch then waits through), and dearer when that prefill makes the step compute-bound. Between
+  the `k` the cost is interpolated; a draft model adds `draft_cost` x the decodes' step per
+  draft position reached;
+- the drafts that minimise the step's seconds per token over its decodes, `seconds x (sum of
+  E_i ** -tail_power) ** (1 / tail_power)`: `tail_power` 1 is the mean TPOT, larger weighs the
+  slowest decodes (the low-acceptance ones, which gain little from drafts but wait for everyone
+  else's) more, as a P99 TPOT does (`choose_drafts`: exact when there is no draft model).
+
+So a request whose drafts fail gets none, one whose drafts pass gets more, and every request
+fewer as the batch (or the step's prefill) makes tokens dear. `by_batch_size`, a table of
+`[batch size, most drafts]` rows (vLLM's draft count by batch size), caps the drafts further when
+given: from that many running decodes on, each carries at most that many.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pydantic import Field, field_validator
 
-from metroline.api import PluginOptions, Sequence, hookimpl, take_options
-
-
-def default_table(max_drafts: int) -> list[list[int]]:
-    """The default `by_batch_size` for `max_drafts` (see the module docstring)."""
-    return [[1, max_drafts], [8, max(1, -(-max_drafts // 2))], [32, 1], [64, 0]]
+from metroline.api import PluginOptions, Sequence, StepPlan, hookimpl, take_options
 
 
 class AdaptiveSpeculation:
-    """`adaptive_speculation`: answers `num_draft_tokens` from the batch size and each request's
+    """`adaptive_speculation`: answers `num_draft_tokens` from the cost model and each request's
     measured acceptance (see the module docstring). Options: `AdaptiveSpeculation.Options`."""
 
     name = "adaptive_speculation"
@@ -41,19 +51,20 @@ class AdaptiveSpeculation:
     class Options(PluginOptions):
         """`[plugin_options.adaptive_speculation]`."""
 
+        cost_model: str = Field(default="roofline", description="the cost model that prices a step (the run's own)")
+        cost_params: dict[str, Any] = Field(default_factory=dict, description="its parameters")
         by_batch_size: list[list[int]] | None = Field(
             default=None,
             description="rows [batch size, most drafts], batch sizes increasing: from that many decodes on, "
-            "at most that many drafts each (None: the default table for num_speculative_tokens)",
-        )
-        min_gain: float = Field(
-            default=0.25, gt=0, le=1, allow_inf_nan=False,
-            description="draft j only while the request's acceptance ** j is at least this",
+            "at most that many drafts each (None: no cap beyond the cost model's)",
         )
         prior_rate: float = Field(default=0.7, gt=0, lt=1, allow_inf_nan=False,
                                   description="a new request's assumed acceptance rate")
         prior: float = Field(default=4.0, ge=0, allow_inf_nan=False,
                              description="how many draft tokens the prior weighs as")
+        tail_power: float = Field(default=2.0, ge=1, le=64, allow_inf_nan=False,
+                                  description="the power mean of the decodes' seconds per token that the drafts "
+                                  "minimise: 1 the mean (mean TPOT), larger weighs the slowest decodes more (P99 TPOT)")
 
         @field_validator("by_batch_size")
         @classmethod
@@ -72,33 +83,129 @@ class AdaptiveSpeculation:
             return rows
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from metroline.executors.cost_models import make_cost_model
+
         self.options = take_options(self, args, kwargs)
-        self._table: list[list[int]] | None = self.options.by_batch_size
-        self._log_gain = math.log(self.options.min_gain)
+        try:
+            self.cost = make_cost_model(self.options.cost_model, **self.options.cost_params)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"plugin_options.adaptive_speculation.cost_model: {exc}") from None
 
     def drafts_for_batch(self, batch: int, max_drafts: int) -> int:
-        """The most drafts a decode carries in a batch of `batch` decodes."""
-        table = self._table if self._table is not None else default_table(max_drafts)
+        """The most drafts a decode carries in a batch of `batch` decodes (`by_batch_size`)."""
         most = max_drafts
-        for size, drafts in table:
+        for size, drafts in self.options.by_batch_size or ():
             if batch < size:
                 break
             most = drafts
         return min(most, max_drafts)
 
-    def drafts_for(self, seq: Sequence, most: int) -> int:
-        """At most `most` drafts for `seq`, as its acceptance so far earns (see the module docstring)."""
+    def rate(self, seq: Sequence) -> float:
+        """`seq`'s per-draft acceptance so far, with the prior (see the module docstring)."""
         o = self.options
-        rate = (seq.num_accepted_tokens + o.prior * o.prior_rate) / (seq.num_draft_tokens + o.prior)
-        if rate >= 1.0:
-            return most
-        if rate <= 0.0:
-            return 0
-        return min(most, int(self._log_gain / math.log(rate) + 1e-9))
+        accepted = seq.num_accepted_tokens
+        return (accepted + o.prior * o.prior_rate) / (accepted + seq.num_draft_rejections + o.prior)
+
+    def step_costs(self, ctx: Any, decodes: list[Sequence], most: int) -> tuple[list[float], float]:
+        """The step's seconds with every decode carrying `k` drafts, for `k = 0 .. most` (see the
+        module docstring); and a draft model's forward over the decodes (0 for n-gram lookup)."""
+        config, bs = ctx.config, ctx.block_size
+        budget = config.max_num_batched_tokens
+        prefills = pending_prefills(ctx, len(decodes))
+        alone = [self.cost.step_time(step_plan(bs, decodes, k, [], budget)) for k in range(most + 1)]
+        if prefills:
+            step = [self.cost.step_time(step_plan(bs, decodes, k, prefills, budget)) for k in range(most + 1)]
+            costs = [alone[0] + max(alone[k] - alone[0], step[k] - step[0]) for k in range(most + 1)]
+        else:
+            costs = alone
+        spec = config.speculative_config
+        ratio = spec.draft_cost_ratio if spec is not None else 0.0
+        draft = ratio * alone[0]
+        return costs, draft
 
     @hookimpl
-    def num_draft_tokens(self, decodes: list[Sequence], max_drafts: int) -> list[int]:
+    def num_draft_tokens(self, ctx: Any, decodes: list[Sequence], max_drafts: int) -> list[int]:
         most = self.drafts_for_batch(len(decodes), max_drafts)
         if most == 0:
             return [0] * len(decodes)
-        return [self.drafts_for(s, most) for s in decodes]
+        costs, draft = self.step_costs(ctx, decodes, most)
+        return choose_drafts([self.rate(s) for s in decodes], most, costs, draft, self.options.tail_power)
+
+
+def choose_drafts(rates: list[float], most: int, costs: list[float], draft: float, power: float) -> list[int]:
+    """Draft counts for decodes of acceptance `rates` (at most `most` each) that minimise the
+    step's seconds per token over its decodes, `seconds x (sum(E_i ** -power)) ** (1 / power)`,
+    `E_i` decode `i`'s expected tokens: the best prefix of all drafts, each decode's next draft
+    ordered by how much it cuts `E_i ** -power`. `costs[k]`: the step's seconds with `k` drafts
+    per decode (interpolated between); `draft`: a draft forward's seconds, once per draft
+    position reached."""
+    b = len(rates)
+    cuts = []
+    for i, a in enumerate(rates):
+        g = e = 1.0
+        for j in range(1, most + 1):
+            g *= a
+            cuts.append((e ** -power - (e + g) ** -power, j, i))
+            e += g
+    cuts.sort(key=lambda t: -t[0])
+    total, depth, root = float(b), 0, 1.0 / power
+    best, best_n = costs[0] * total ** root, 0
+    for n, (cut, j, _) in enumerate(cuts, 1):
+        total -= cut
+        depth = max(depth, j)
+        whole, part = divmod(n, b)
+        seconds = costs[whole] + (costs[whole + 1] - costs[whole]) * part / b if part else costs[whole]
+        value = (seconds + draft * depth) * max(total, 0.0) ** root
+        if value < best:
+            best, best_n = value, n
+    counts = [0] * b
+    for _, _, i in cuts[:best_n]:
+        counts[i] += 1
+    return counts
+
+
+def pending_prefills(ctx: Any, num_decodes: int) -> list[tuple[Sequence, int]]:
+    """The prefill chunks the step would carry besides its decodes: running prefills, then
+    waiting prompts while the batch has room, within `max_num_batched_tokens`."""
+    config = ctx.config
+    room = config.max_num_batched_tokens - num_decodes
+    chunk = config.prefill_chunk
+    found: list[tuple[Sequence, int]] = []
+    seats = config.max_num_seqs - len(ctx.running)
+    for source, admit in ((ctx.running, False), (ctx.waiting, True)):
+        for seq in source:
+            if room <= 0 or (admit and seats <= 0):
+                return found
+            left = len(seq.token_ids) - seq.num_computed_tokens
+            if seq.is_decoding or left <= 0:
+                continue
+            n = min(left, chunk, room)
+            found.append((seq, n))
+            room -= n
+            seats -= admit
+    return found
+
+
+def step_plan(block_size: int, decodes: list[Sequence], k: int, prefills: list[tuple[Sequence, int]],
+              budget: int) -> StepPlan:
+    """A plan for pricing only: `decodes` with `k` drafts each, and the `prefills` chunks in the
+    rest of the `budget` (drafts take their tokens from the prefills' share, as the core does)."""
+    plan = StepPlan(0, block_size)
+    scheduled = plan.scheduled
+    context = 0
+    for seq in decodes:
+        scheduled[seq] = 1 + k
+        context += seq.num_computed_tokens + 1 + k
+    plan.num_decode_tokens = len(decodes) * (1 + k)
+    plan.num_draft_tokens = len(decodes) * k
+    room = budget - plan.num_decode_tokens
+    for seq, n in prefills:
+        n = min(n, room)
+        if n <= 0:
+            break
+        scheduled[seq] = n
+        context += seq.num_computed_tokens + n
+        plan.num_prefill_tokens += n
+        room -= n
+    plan.num_context_tokens = context
+    return plan

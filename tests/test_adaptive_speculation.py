@@ -1,46 +1,146 @@
-"""`adaptive_speculation`: fewer drafts as the batch grows and as a request's drafts fail; it
-passes the conformance suite (under speculation) and beats a fixed k on P99 TPOT at high load is
-measured in bench/, not here."""
+"""`adaptive_speculation`: per request and step, the drafts that minimise the step's seconds per
+token (a power mean over its decodes) under the cost model; it passes the conformance suite
+(under speculation). That it beats every fixed k on P99 TPOT at high load is measured in bench/
+(`bench/spec_study.py`, `bench/spec_arms.toml`), not here."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
 
+from metroline.core.config import EngineConfig
 from metroline.core.requests.request import SamplingParams
 from metroline.core.requests.sequence import Sequence
-from metroline.policies.speculation import AdaptiveSpeculation, default_table
+from metroline.policies.speculation import AdaptiveSpeculation, choose_drafts
 from metroline.testing import check_plugin
 
 
-def _seq(drafted: int, accepted: int) -> Sequence:
-    s = Sequence("r", [1, 2], SamplingParams(max_new_tokens=50), 0.0)
-    s.num_draft_tokens, s.num_accepted_tokens = drafted, accepted
+def _seq(accepted: int = 0, rejections: int = 0, context: int = 8, rid: str = "r") -> Sequence:
+    s = Sequence(rid, list(range(1, context + 1)), SamplingParams(max_new_tokens=50), 0.0)
+    s.token_ids.append(7)  # one output token: a decode, its newest token without KV
+    s.num_computed_tokens = context
+    s.num_accepted_tokens, s.num_draft_rejections = accepted, rejections
     return s
 
 
-def test_the_batch_table_caps_the_drafts():
+def _expected(a: float, k: int) -> float:
+    """Expected tokens of `k` drafts at per-draft acceptance `a`, the closed form."""
+    return k + 1.0 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def _objective(rates, counts, costs, power):
+    """The step's seconds x the power mean's sum of (1 / E_i) ** power, as choose_drafts defines it."""
+    n, b = sum(counts), len(rates)
+    whole, part = divmod(n, b)
+    seconds = costs[whole] + ((costs[whole + 1] - costs[whole]) * part / b if part else 0.0)
+    return seconds * sum(_expected(a, k) ** -power for a, k in zip(rates, counts)) ** (1 / power)
+
+
+def test_the_acceptance_estimate_counts_rejections_not_untested_drafts():
+    p = AdaptiveSpeculation(prior=0.0)
+    # 30 accepted, 10 runs ended at a rejection: a = 30 / 40, whatever was drafted after the rejections
+    assert p.rate(_seq(30, 10)) == pytest.approx(0.75)
+    fresh = AdaptiveSpeculation(prior=4.0, prior_rate=0.7)
+    assert fresh.rate(_seq()) == pytest.approx(0.7)
+    assert fresh.rate(_seq(6, 2)) == pytest.approx((6 + 2.8) / (8 + 4))
+
+
+def test_free_drafts_go_to_every_request_that_may_accept_one():
+    """A weights-bound step (the same seconds whatever the drafts) and no draft model: every
+    draft with a chance of acceptance cuts the seconds per token; one that is never accepted does not."""
+    assert choose_drafts([0.0, 0.5, 0.9], 4, [1.0] * 5, 0.0, 2.0) == [0, 4, 4]
+
+
+@pytest.mark.parametrize("power", [1.0, 2.0, 4.0])
+@pytest.mark.parametrize("rates", [(0.2, 0.6, 0.9), (0.5, 0.5), (0.05, 0.95, 0.7)])
+@pytest.mark.parametrize("costs", [
+    [10.0, 10.0, 11.0, 14.0],  # weights-bound, then compute-bound: a convex cost
+    [10.0, 12.0, 14.0, 16.0],  # compute-bound from the first draft
+    [10.0, 30.0, 50.0, 70.0],  # drafts as dear as the whole step
+])
+def test_the_chosen_drafts_are_the_best_of_every_allocation(power, rates, costs):
+    chosen = choose_drafts(list(rates), 3, costs, 0.0, power)
+    best = min(_objective(rates, c, costs, power) for c in itertools.product(range(4), repeat=len(rates)))
+    assert _objective(rates, chosen, costs, power) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_higher_tail_power_favours_the_low_acceptance_decodes():
+    """Power 1 minimises the mean seconds per token; a larger power weighs the slowest decode
+    (the low-acceptance one) more, so it never gets fewer drafts, and the others never more."""
+    rates, costs = [0.3, 0.9, 0.9, 0.9], [10.0, 11.0, 12.0, 13.0, 14.0]
+    mean, tail = choose_drafts(rates, 4, costs, 0.0, 1.0), choose_drafts(rates, 4, costs, 0.0, 8.0)
+    assert tail[0] >= mean[0] and all(t <= m for t, m in zip(tail[1:], mean[1:]))
+    assert tail != mean
+
+
+def test_a_draft_models_forward_is_paid_per_draft_position():
+    rates, costs = [0.6] * 4, [10.0] * 4
+    assert choose_drafts(rates, 3, costs, 0.0, 2.0) == [3] * 4
+    # a forward as dear as the step: each position must more than double the tokens per step, which none does
+    assert choose_drafts(rates, 3, costs, 10.0, 2.0) == [0] * 4
+
+
+def _ctx(decodes, waiting=(), spec=None, **config):
+    config = EngineConfig(speculative_config=spec or {"method": "draft_model", "model": "d", "num_speculative_tokens": 4,
+                                                      "draft_cost": 0.0}, **config)
+    return SimpleNamespace(config=config, block_size=config.block_size, running=list(decodes), waiting=list(waiting))
+
+
+def test_drafts_fall_as_the_batch_grows_on_the_roofline_model():
+    """llama-3-8b on an A100: a batch of 1 is bound by reading the weights (drafts ride free); at
+    hundreds of decodes the step is bound by compute and every draft costs a token's compute."""
     p = AdaptiveSpeculation()
-    assert default_table(5) == [[1, 5], [8, 3], [32, 1], [64, 0]]
+    per_decode = []
+    for batch in (1, 16, 64, 256, 512):
+        decodes = [_seq(30, 10, context=500, rid=f"r{i}") for i in range(batch)]
+        per_decode.append(sum(p.num_draft_tokens(ctx=_ctx(decodes, max_num_seqs=1024), decodes=decodes,
+                                                 max_drafts=4)) / batch)
+    assert per_decode[0] == 4
+    assert all(a >= b for a, b in zip(per_decode, per_decode[1:]))
+    assert per_decode[-1] < 1
+
+
+def test_a_waiting_prefill_that_makes_the_step_compute_bound_cuts_the_drafts():
+    """64 decodes alone are bound by reading the weights up to about two drafts each; an 800-token
+    prompt waiting for a seat makes the step bound by compute, where every draft costs a token's
+    compute: at acceptances up to about 0.6, never more drafts and fewer at some (at a high one,
+    once the drafts cost compute anyway, the tokens they add may pay for more); without a seat for
+    the prompt, the same drafts."""
+    p = AdaptiveSpeculation()
+    prompt = Sequence("w", list(range(1, 801)), SamplingParams(max_new_tokens=5), 0.0)
+    fewer = 0
+    for accepted in range(0, 35, 5):  # a = (accepted + 2.8) / 54: 0.05 to 0.6
+        decodes = [_seq(accepted, 50 - accepted, context=500, rid=f"r{i}") for i in range(64)]
+        alone = p.num_draft_tokens(ctx=_ctx(decodes, max_num_seqs=256), decodes=decodes, max_drafts=4)
+        with_prefill = p.num_draft_tokens(ctx=_ctx(decodes, [prompt], max_num_seqs=256), decodes=decodes, max_drafts=4)
+        assert sum(with_prefill) <= sum(alone)
+        fewer += sum(with_prefill) < sum(alone)
+        no_seat = _ctx(decodes, [prompt], max_num_seqs=64)
+        assert p.num_draft_tokens(ctx=no_seat, decodes=decodes, max_drafts=4) == alone
+    assert fewer > 0
+
+
+def test_the_batch_table_caps_the_drafts():
+    p = AdaptiveSpeculation(by_batch_size=[[1, 5], [8, 3], [32, 1], [64, 0]])
     assert [p.drafts_for_batch(b, 5) for b in (1, 7, 8, 31, 32, 63, 64, 500)] == [5, 5, 3, 3, 1, 1, 0, 0]
     custom = AdaptiveSpeculation(by_batch_size=[[1, 2], [4, 9]])
     assert [custom.drafts_for_batch(b, 6) for b in (1, 3, 4)] == [2, 2, 6]  # never above max_drafts
-    assert p.num_draft_tokens(decodes=[_seq(0, 0)] * 70, max_drafts=5) == [0] * 70
-
-
-def test_a_request_gets_the_drafts_its_acceptance_earns():
-    p = AdaptiveSpeculation(min_gain=0.25, prior=0.0, prior_rate=0.5)
-    # acceptance a: draft j while a ** j >= 0.25
-    assert p.drafts_for(_seq(100, 90), 8) == 8  # 0.9 ** 13 >= 0.25: capped at 8
-    assert p.drafts_for(_seq(100, 50), 8) == 2  # 0.5 ** 2 = 0.25
-    assert p.drafts_for(_seq(100, 20), 8) == 0  # 0.2 < 0.25
-    fresh = AdaptiveSpeculation(prior=4.0, prior_rate=0.7)
-    assert fresh.drafts_for(_seq(0, 0), 8) == 3  # 0.7 ** 3 = 0.343, 0.7 ** 4 = 0.24
+    assert AdaptiveSpeculation().drafts_for_batch(500, 5) == 5  # no table: the cost model alone decides
+    decodes = [_seq(rid=f"r{i}") for i in range(70)]
+    assert p.num_draft_tokens(ctx=_ctx(decodes), decodes=decodes, max_drafts=5) == [0] * 70
 
 
 @pytest.mark.parametrize("rows", [[], [[4, 1], [2, 1]], [[0, 1]], [[1, -1]], [[1, 2, 3]]])
 def test_a_bad_table_is_refused_naming_it(rows):
     with pytest.raises(Exception, match="by_batch_size"):
         AdaptiveSpeculation(by_batch_size=rows)
+
+
+def test_a_bad_cost_model_is_refused_naming_the_option():
+    with pytest.raises(ValueError, match="adaptive_speculation.cost_model"):
+        AdaptiveSpeculation(cost_model="nonesuch")
 
 
 def test_adaptive_speculation_passes_the_conformance_suite():

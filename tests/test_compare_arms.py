@@ -61,6 +61,43 @@ def test_compare_arms_from_python():
     assert b["values"] == pytest.approx([1.5 * STEP, 1.5 * STEP])
 
 
+SPEC_ARMS = """[arms.none]
+policy = "fcfs"
+
+[arms.k2]
+policy = "fcfs"
+speculative_config = { method = "draft_model", model = "draft", num_speculative_tokens = 2, acceptance_rate = 1.0, draft_cost = 0.0 }
+
+[arms.k2_rejected]
+policy = "fcfs"
+speculative_config = { method = "draft_model", model = "draft", num_speculative_tokens = 2, acceptance_rate = 0.0, draft_cost = 0.0 }
+"""
+
+
+def test_compare_ab_tests_speculation_settings_as_arms(tmp_path):
+    """Each arm its own `speculative_config`: with every draft accepted, k = 2 advances a decode
+    3 tokens a step (the last step cut to max_tokens), with none accepted 1, as without speculation."""
+    (tmp_path / "w.toml").write_text(SPEC)
+    (tmp_path / "arms.toml").write_text(SPEC_ARMS)
+    out = tmp_path / "out.json"
+    assert cli.main(["compare", "--arms", str(tmp_path / "arms.toml"), "--seeds", "2", "--workload", str(tmp_path / "w.toml"),
+                     "--cost-model", "steps", "--step-time", str(STEP), "--no-progress", "--jobs", "1",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    runs = doc["runs"]
+    assert [r["workload"]["seed"] for r in runs] == [0, 0, 0, 1, 1, 1]
+    assert "speculation" not in runs[0]
+    assert runs[1]["speculation"]["acceptance_rate"] == 1.0 and runs[2]["speculation"]["acceptance_rate"] == 0.0
+    decodes = 20 - 1  # the prefill samples the first of the 20 output tokens
+    steps = -(-decodes // 3)  # 3 tokens a step with k = 2 all accepted
+    for i in (0, 3):
+        assert runs[i]["summary"]["tpot_s"]["mean"] == pytest.approx(STEP)
+        assert runs[i + 1]["summary"]["tpot_s"]["mean"] == pytest.approx(steps * STEP / decodes)
+        assert runs[i + 2]["summary"]["tpot_s"]["mean"] == pytest.approx(STEP)
+    k2 = doc["comparison"]["policies"]["k2"]["summary.tpot_s.mean"]
+    assert k2["values"] == pytest.approx([steps * STEP / decodes] * 2)
+
+
 @pytest.mark.parametrize("text, message", [
     ("[arms.only]\n", "give at least two [arms.NAME] tables"),
     ("[arms.a]\n[arms.b]\nmax_num_seq = 3\n", "arms.b.max_num_seq: not an engine config field"),

@@ -27,6 +27,7 @@ from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware")
 STACKING = (
     "decode_first", "prefill_first", "weighted_budget", "reserve", "auto_preemption", "tenant_quota", "slo_classes",
+    "adaptive_speculation",
 )
 TENANTS = ("a", "b", "c")
 

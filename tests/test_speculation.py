@@ -98,6 +98,7 @@ def test_a_decode_advances_by_its_accepted_drafts_plus_one_and_rolls_back_the_re
     assert (len(seq.token_ids), seq.num_computed_tokens) == (6, 5)  # 1 accepted + the bonus
     assert len(seq.block_table) == 2  # position 4 holds accepted KV: the block stays
     assert seq.num_draft_tokens == 3 and seq.num_accepted_tokens == 1
+    assert seq.num_draft_rejections == 1  # draft 2 was rejected; draft 3, after it, was never tested
 
 
 def test_rejected_slots_are_freed_and_never_indexed():
@@ -125,7 +126,9 @@ def test_max_tokens_and_stop_tokens_cut_an_accepted_run():
     req = Request(request_id="b", prompt_token_ids=[5, 6], sampling=SamplingParams(max_new_tokens=30, stop_token_ids=[stop]))
     engine, out, _ = _run({**SPEC, "acceptance_rate": 1.0}, [req])
     assert out["b"][0] == plain["b"][0][:5]
-    assert engine.sequences("b")[0].finish_reason.value == "stop"
+    seq = engine.sequences("b")[0]
+    assert seq.finish_reason.value == "stop"
+    assert seq.num_accepted_tokens > 0 and seq.num_draft_rejections == 0  # a stop's cut is no rejection
 
 
 def test_an_abort_frees_a_drafting_request():

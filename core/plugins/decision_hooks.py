@@ -120,8 +120,8 @@ def num_draft_tokens(ctx: StepContext, decodes: list[Sequence], max_drafts: int)
 
     Args:
         decodes: the running sequences that decode (only their newest token lacks KV), in
-            admission order. `seq.num_draft_tokens` and `seq.num_accepted_tokens` say how its
-            drafts fared so far.
+            admission order. `seq.num_draft_tokens`, `seq.num_accepted_tokens` and
+            `seq.num_draft_rejections` say how its drafts fared so far.
         max_drafts: `speculative_config.num_speculative_tokens`, the most one decode may carry.
 
     Returns:
@@ -130,7 +130,9 @@ def num_draft_tokens(ctx: StepContext, decodes: list[Sequence], max_drafts: int)
         from the prefill share), and advances by its accepted drafts plus one; the scheduler may
         give it fewer (the budget left, `max_new_tokens`, `max_model_len`, or blocks too few for
         them: drafts never preempt). The default gives every decode `max_drafts`; the shipped
-        `adaptive_speculation` fewer as the batch grows and as a request's drafts fail.
+        `adaptive_speculation` those that minimise the step's seconds per token under a cost
+        model, from each request's measured acceptance (fewer as the batch grows and as a
+        request's drafts fail).
 
     Called once per step when `speculative_config` is set and sequences decode, after
     `split_budget`.

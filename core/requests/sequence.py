@@ -74,7 +74,11 @@ class Sequence:
     - `logprobs` (with `sampling.logprobs = k`, else None): one `(logprob, top)` per output token,
       `top` the `k` most likely `(token, logprob)` pairs, from the raw logits.
     - `num_draft_tokens`, `num_accepted_tokens`: under speculative decoding, the draft tokens
-      verified for this sequence so far and how many of them were accepted
+      verified for this sequence so far and how many of them were accepted;
+      `num_draft_rejections`: the verifications that ended at a rejected draft (not those cut by a
+      stop, nor those that accepted every draft), so that its per-draft acceptance is
+      `num_accepted_tokens / (num_accepted_tokens + num_draft_rejections)`: the drafts after a
+      rejected one were never tested
     - `text`: the detokenised output so far, cut before a stop string (None when the engine has
       no tokenizer); its incremental state is `detok`.
     """
@@ -88,6 +92,7 @@ class Sequence:
         "first_scheduled_time", "prefill_done_time", "first_token_time", "finish_time",
         "token_times", "parent", "children", "detok",
         "max_computed", "stalls", "stall_mark", "logprobs", "num_draft_tokens", "num_accepted_tokens",
+        "num_draft_rejections",
     )
 
     def __init__(
@@ -150,6 +155,7 @@ class Sequence:
         self.stall_mark = -1
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.num_draft_rejections = 0
         self.logprobs: list[tuple[float, tuple[tuple[int, float], ...]]] | None = (
             [] if sampling.logprobs is not None else None)
 

@@ -185,6 +185,8 @@ class Speculation:
             c.num_accepted_tokens += a
             seq.num_draft_tokens += k
             seq.num_accepted_tokens += a
+            if a < k and seq.state is RUNNING:  # a rejected draft ended the run (not a stop)
+                seq.num_draft_rejections += 1
             for i in range(a):
                 per_pos[i] += 1
 
