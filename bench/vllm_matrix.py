@@ -105,6 +105,8 @@ def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dic
                   enable_prefix_caching=e.get("enable_prefix_caching", True))
     if e.get("max_prefill_chunk_adaptive"):
         fields["max_prefill_chunk_adaptive"] = True
+    if e.get("speculative_config"):
+        fields["speculative_config"] = e["speculative_config"]
     cfg = EngineConfig(preset="vllm", **{**fields, **overrides})
     doc, engine = run_workload(workload_of(recording, traces_dir), cfg,
                                SimulatedExecutor(make_cost_model("steps", step_time=e["step_time"])))

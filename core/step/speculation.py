@@ -21,7 +21,12 @@ each running decode carries (0: none). `Speculation` then works in three places 
    says how many drafts it accepts instead (`StepResult.accepted`).
 4. `settle`: each drafting sequence's `num_computed_tokens` goes back to its verified tokens (the
    rejected positions are rolled back), the blocks that hold only rejected or lookahead slots are
-   freed, and the blocks its accepted tokens filled enter the prefix index.
+   freed (vLLM keeps them with the request), and the blocks its accepted tokens filled enter the
+   prefix index.
+
+`EngineConfig.speculative_scheduling = "vllm"` (the vllm preset) follows vLLM 0.33's scheduler
+where it differs: drafts preempt, are not cut at `max_tokens`, keep their blocks; a request
+admitted one token short of decoding is padded with drafts never accepted (`pad`).
 """
 
 from __future__ import annotations
@@ -71,10 +76,11 @@ class SpecCounters:
 class Speculation:
     """The scheduler's part of speculative decoding (see the module docstring)."""
 
-    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters")
+    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters", "vllm")
 
-    def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int, vllm: bool = False) -> None:
         self.config = config
+        self.vllm = vllm  # EngineConfig.speculative_scheduling == "vllm"
         self.plugins = plugins
         self.max_drafts = config.num_speculative_tokens
         self.max_model_len = max_model_len
@@ -111,13 +117,17 @@ class Speculation:
 
     def serve(self, seq: Sequence, pool: Any, room: Any, step: StepState) -> None:
         """Serve the decode `seq` with its drafts, if `pool` has room for them; else as a plain
-        decode (with blocks from victims through `room` when needed): drafts never preempt."""
+        decode (with blocks from victims through `room` when needed): drafts never preempt. Under
+        vLLM's rules (`EngineConfig.speculative_scheduling`) the drafts are not cut at
+        `max_tokens`, and their slots come from victims too, as any decode's."""
         token_ids = seq.token_ids
-        k = min(
-            self.drafts.get(seq, 0), step.decode_left - 1,
-            seq.sampling.max_new_tokens - (len(token_ids) - seq.num_prompt_tokens) - 1,
-            self.max_model_len - len(token_ids) - 1,
-        )
+        k = min(self.drafts.get(seq, 0), step.decode_left - 1, self.max_model_len - len(token_ids) - 1)
+        if not self.vllm:
+            k = min(k, seq.sampling.max_new_tokens - (len(token_ids) - seq.num_prompt_tokens) - 1)
+        elif k > 0:  # vLLM's Scheduler.schedule: allocate_slots(1 + k, lookahead), preempting on failure
+            if room.grow(seq, 1 + k + self.lookahead, step):
+                step.schedule(seq, 1 + k, True, k)
+            return
         computed, ops = seq.num_computed_tokens, step.plan.block_ops
         if k <= 0 or not pool.allocate_slots(seq.block_table, computed, 1 + k + self.lookahead, ops):
             if not (pool.allocate_slots(seq.block_table, computed, 1, ops) or room.grow(seq, 1, step)):
@@ -201,7 +211,7 @@ class Speculation:
             if seq.num_computed_tokens > verified:
                 seq.num_computed_tokens = verified
             keep = -(-verified // bs)
-            if len(table) > keep:
+            if len(table) > keep and not self.vllm:  # vLLM keeps them until the request ends
                 pool.release(table[keep:])
                 del table[keep:]
             full = verified // bs
