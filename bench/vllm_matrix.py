@@ -92,8 +92,9 @@ def workload_of(recording: dict, traces_dir=None):
 
 
 def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dict, dict[str, tuple]]:
-    """Run the recording's workload under `--preset vllm` with its engine; the summary and each
-    request's (first scheduled, first token, finish) times."""
+    """Run the recording's workload under `--preset vllm` with its engine; the summary (with the
+    `speculation` counters under speculative decoding) and each request's (first scheduled, first
+    token, finish) times."""
     from metroline.core.config import EngineConfig
     from metroline.core.experiments.runner import run_workload
     from metroline.executors.cost_models import make_cost_model
@@ -111,6 +112,8 @@ def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dic
     doc, engine = run_workload(workload_of(recording, traces_dir), cfg,
                                SimulatedExecutor(make_cost_model("steps", step_time=e["step_time"])))
     times = {r.id: (r.first_scheduled_s, r.first_token_s, r.finish_s) for r in engine.metrics.requests}
+    if "speculation" in doc:  # speculative decoding's counters beside the summary's figures
+        return {**doc["summary"], "speculation": doc["speculation"]}, times
     return doc["summary"], times
 
 

@@ -51,6 +51,9 @@ def check(recording: dict) -> None:
     assert times.keys() == want.keys()
     assert {rid: (times[rid], want[rid]) for rid in want if times[rid] != want[rid]} == {}
     assert (summary["preemptions"], summary["steps"]) == (recording["preemptions"], recording["steps"])
+    # the same drafts were scheduled: vLLM's verified drafts and its padding (never accepted)
+    drafts = recording["drafts"]
+    assert summary["speculation"]["num_draft_tokens"] == drafts["num_draft_tokens"] + drafts["num_padding_drafts"]
 
 
 @pytest.mark.parametrize("recording", [r for r, n in zip(RECORDING, NAMES) if n in QUICK],
@@ -72,3 +75,19 @@ def test_drafts_that_never_preempt_depart_from_vllm():
     summary, times = matrix.replay_metroline(recording, speculative_scheduling="lean")
     want = matrix.recorded_times(recording)
     assert sum(times[rid] != want[rid] for rid in want) > 0
+
+
+def test_an_admission_one_token_short_of_decoding_is_padded_as_vllm_pads_it(monkeypatch):
+    # the cell's one padded admission (vLLM: 5 drafts of -1, never accepted): metroline schedules
+    # the 5 too; without `Speculation.padding` its drafts are exactly vLLM's unpadded ones
+    from metroline.core.step.speculation import Speculation
+
+    recording = next(r for r, n in zip(RECORDING, NAMES) if n == "chat-256-tight-k5-fcfs-prefix")
+    drafts = recording["drafts"]
+    assert drafts["num_padding_drafts"] == 5
+    padded, _ = matrix.replay_metroline(recording)
+    monkeypatch.setattr(Speculation, "padding", lambda self, seq, step: 0)
+    unpadded, _ = matrix.replay_metroline(recording)
+    assert padded["speculation"]["num_draft_tokens"] == drafts["num_draft_tokens"] + 5
+    assert unpadded["speculation"]["num_draft_tokens"] == drafts["num_draft_tokens"]
+    assert padded["speculation"]["num_accepted_tokens"] == unpadded["speculation"]["num_accepted_tokens"]

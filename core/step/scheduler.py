@@ -68,6 +68,7 @@ class Scheduler:
         spec = config.speculative_config
         self.speculation = (Speculation(spec, plugins, config.max_model_len, config.speculative_scheduling == "vllm")
                             if spec is not None else None)
+        self.admission.speculation = self.speculation
 
     @property
     def rescues(self) -> int:

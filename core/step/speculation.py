@@ -76,7 +76,7 @@ class SpecCounters:
 class Speculation:
     """The scheduler's part of speculative decoding (see the module docstring)."""
 
-    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters", "vllm")
+    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters", "vllm", "padded")
 
     def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int, vllm: bool = False) -> None:
         self.config = config
@@ -87,6 +87,7 @@ class Speculation:
         self.lookahead = config.lookahead
         self.drafts: dict[Sequence, int] = {}
         self.counters = SpecCounters(self.max_drafts)
+        self.padded: set[Sequence] = set()  # this step's padded admissions (`padding`)
 
     # --- scheduling --------------------------------------------------------------------------
 
@@ -135,23 +136,55 @@ class Speculation:
             k = 0
         step.schedule(seq, 1 + k, True, k)
 
+    def padding(self, seq: Sequence, step: StepState) -> int:
+        """Under vLLM's rules, the padding drafts of `seq`, a waiting request admitted one token
+        short of decoding (a prefix hit of all its tokens but the last): vLLM's waiting loop
+        (`Scheduler.schedule`, "Pad new decode requests to uniform spec decoding size") gives it
+        `1 + num_speculative_tokens` tokens, the drafts never accepted, when no running request's
+        prefill chunk is in the step, a running request is or its hit is not empty, and
+        `max_model_len` has room; -1 when the step's budget has not the room (admission stops
+        there, as vLLM's loop breaks), unless nothing else runs in the step (where vLLM would
+        stall, it is admitted unpadded); 0: no padding. Scans the step's plan: only on this path."""
+        k = self.max_drafts
+        if not self.vllm or seq.num_computed_tokens + k + 2 > self.max_model_len:
+            return 0
+        plan = step.plan
+        admitted, decodes = plan.admitted, plan.decodes
+        running = [s for s in plan.scheduled if s not in admitted]
+        if any(s not in decodes for s in running) or not (running or seq.num_computed_tokens):
+            return 0
+        if 1 + k <= step.decode_left + step.prefill_left:
+            return k
+        return -1 if running else 0  # alone in the step it runs unpadded: vLLM would stall there
+
+    def schedule_padded(self, seq: Sequence, pad: int, step: StepState) -> None:
+        """Schedule the padded admission `seq` (`padding`): `1 + pad` tokens of the decode share
+        (moved there from the prefill share as needed), its drafts rejected in `verify`."""
+        moved = max(0, 1 + pad - step.decode_left)
+        step.decode_left += moved
+        step.prefill_left -= moved
+        step.schedule(seq, 1 + pad, True, pad)
+        self.padded.add(seq)
+
     # --- after the forward -------------------------------------------------------------------
 
     def after_step(self, plan: StepPlan, result: StepResult, draw: Any, pool: Any, caching: bool) -> list[Sequence]:
         """Verify the step's drafts and settle (see `verify`, `settle`); count its decodes.
         Returns the sequences that got tokens in verification."""
         self.counters.num_decode_steps += len(plan.decodes)
+        padded, self.padded = self.padded, set()
         if not plan.drafts:
             return []
-        more = self.verify(plan, result, draw)
+        more = self.verify(plan, result, draw, padded)
         self.counters.num_extra_tokens += len(more)
         self.settle(plan, pool, caching)
         return more
 
-    def verify(self, plan: StepPlan, result: StepResult, draw: Any) -> list[Sequence]:
+    def verify(self, plan: StepPlan, result: StepResult, draw: Any, padded: Any = ()) -> list[Sequence]:
         """Accept drafts, position by position: `draw(seqs, logits)` samples one row per sequence,
         appends the tokens and checks stops (what `Engine._sample` does for a step's first row),
-        returning the sequences that got their token. Returns every sequence that got a token here."""
+        returning the sequences that got their token; the `padded` ones accept none. Returns every
+        sequence that got a token here."""
         drafts, proposed, sim_accepted = plan.drafts, result.draft_tokens, result.accepted
         rows, offsets = result.draft_logits, {}
         if proposed is not None:
@@ -163,7 +196,7 @@ class Speculation:
             sim_accepted = {}
         accepted = dict.fromkeys(drafts, 0)
         got: list[Sequence] = []
-        live = list(drafts)
+        live = [s for s in drafts if s not in padded] if padded else list(drafts)
         j = 0
         while live:
             j += 1  # the last token sampled verified draft j
