@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import make_engine, request, run_to_end
 
+from metroline import __version__ as METROLINE_VERSION
 from metroline.core.commands.check_plugin import add_check_plugin_parser, cmd_check_plugin
 from metroline.core.conformance.hook_coverage import watch
 from metroline.core.errors import PluginError
@@ -330,8 +331,8 @@ def test_the_check_plugin_command(tmp_path, capsys):
 # --- deprecated usage ----------------------------------------------------------------------------------
 
 OLD_HRRN = Path(__file__).parent / "data" / "old_plugins" / "hrrn.py"  # the guide's HRRN of a221d88: ctx.hooks
-HOOKS_LINE = ("plugin 'hrrn': ctx.hooks is deprecated since metroline 0.2.0 and will be removed in 0.3.0: use "
-              "ctx.hook instead")
+HOOKS_LINE = ("plugin 'hrrn': ctx.hooks is deprecated since metroline 0.2.0 and will be removed in 0.3.0 "
+              f"(installed: metroline {METROLINE_VERSION}): use ctx.hook instead")
 
 
 @pytest.fixture
@@ -381,7 +382,7 @@ def test_check_plugin_reports_a_deprecated_hook_name_found_at_registration(monke
     with pytest.warns(MetrolineDeprecationWarning):
         report = check_plugin(OldHookName, workloads=chat_only(), modes=("recompute",))
     assert report.deprecations == [
-        "plugin 'old_hook_name': hook on_step_done is deprecated since metroline 0.2.0 and will be removed in 0.3.0: "
-        "use hook on_step_end instead"
+        "plugin 'old_hook_name': hook on_step_done is deprecated since metroline 0.2.0 and will be removed in 0.3.0 "
+        f"(installed: metroline {METROLINE_VERSION}): use hook on_step_end instead"
     ]
     assert report.coverage["on_step_end"].calls > 0  # it ran as on_step_end

@@ -82,7 +82,7 @@ def test_the_turn_old_hrrn_runs_unchanged_with_one_warning_naming_ctx_hook(tmp_p
     line_no = next(i for i, t in enumerate(OLD_HRRN.read_text().splitlines(), 1) if "ctx.hooks." in t)
     assert warned[0] == (
         f"{old / 'hrrn.py'}:{line_no}: MetrolineDeprecationWarning: plugin 'hrrn': ctx.hooks is deprecated since "
-        "metroline 0.2.0 and will be removed in 0.3.0: use ctx.hook instead"
+        f"metroline 0.2.0 and will be removed in 0.3.0 (installed: metroline {METROLINE_VERSION}): use ctx.hook instead"
     )
     # the same schedule, request by request, as the plugin spelled the new way
     rows_new, rows_old = read_rows(new / "requests.csv"), read_rows(old / "requests.csv")
@@ -144,8 +144,8 @@ def test_once_per_plugin_and_the_old_name_gives_the_new_object():
     assert all(r is engine.scheduler.ctx.hook for r in a.relays + b.relays)
     # observers are called newest plugin first: asks_old_too, then asks_old; each warned once
     assert [str(w.message) for w in caught] == [
-        f"plugin {name!r}: ctx.hooks is deprecated since metroline 0.2.0 and will be removed in 0.3.0: use ctx.hook "
-        "instead"
+        f"plugin {name!r}: ctx.hooks is deprecated since metroline 0.2.0 and will be removed in 0.3.0 "
+        f"(installed: metroline {METROLINE_VERSION}): use ctx.hook instead"
         for name in ("asks_old_too", "asks_old")
     ]
     assert {w.filename for w in caught} == {__file__}
@@ -160,7 +160,7 @@ def test_code_outside_any_plugin_is_named_by_its_module_and_line():
     assert relay is engine.scheduler.ctx.hook
     assert [str(w.message) for w in caught] == [
         f"<module test_deprecations, line {line}>: ctx.hooks is deprecated since metroline 0.2.0 and will be "
-        "removed in 0.3.0: use ctx.hook instead"
+        f"removed in 0.3.0 (installed: metroline {METROLINE_VERSION}): use ctx.hook instead"
     ]
 
 
@@ -202,7 +202,8 @@ def test_a_deprecated_hook_name_is_registered_for_the_new_hook_and_warns_once(mo
     assert plugins[0].plans == plugins[1].plans == [1, 2, 3]
     [w] = caught  # one warning for the plugin, not one per engine
     assert str(w.message) == ("plugin 'old_hook_name': hook on_step_done is deprecated since metroline 0.2.0 and "
-                              "will be removed in 0.3.0: use hook on_step_end instead")
+                              f"will be removed in 0.3.0 (installed: metroline {METROLINE_VERSION}): use hook "
+                              "on_step_end instead")
     assert (w.filename, w.lineno) == (__file__, OldHookName.on_step_done.__code__.co_firstlineno)
 
 
@@ -255,7 +256,7 @@ def test_a_deprecated_argument_is_passed_the_new_arguments_value(monkeypatch):
     assert wrapper.seen == [ids for _, ids in plugin.seen]
     assert sorted(str(w.message) for w in caught) == [
         f"plugin {name!r}: argument seqs of order_running is deprecated since metroline 0.2.0 and will be removed "
-        "in 0.3.0: use running instead"
+        f"in 0.3.0 (installed: metroline {METROLINE_VERSION}): use running instead"
         for name in ("old_argument", "old_argument_wrapper")
     ]
 
@@ -265,7 +266,8 @@ def test_a_deprecated_hook_that_is_still_specified_is_called_and_warns(monkeypat
     monkeypatch.setitem(deprecations.HOOKS, "on_step_end", dep)
     plugin = AsksNothing()
     with pytest.warns(MetrolineDeprecationWarning, match=r"^plugin 'asks_nothing': hook on_step_end is deprecated "
-                      r"since metroline 0\.2\.0 and will be removed in 0\.3\.0 without a replacement$"):
+                      r"since metroline 0\.2\.0 and will be removed in 0\.3\.0 \(installed: metroline "
+                      + re.escape(METROLINE_VERSION) + r"\) without a replacement$"):
         engine = make_engine(policy="fcfs", plugins=[plugin])
     engine.add_request(request("r", 8, max_new=2))
     run_to_end(engine)

@@ -120,3 +120,37 @@ def test_report_documents_carry_means_intervals_and_verdicts_where_the_report_re
     assert "[" in e2e[2]  # the interval is shown
     verdicts = verdict_table(shown, list(RUNS)).rows
     assert any(r[:3] == ["srpt", "fcfs", "E2E mean"] and r[-1] == "better" for r in verdicts)
+
+
+def test_a_relative_difference_is_never_below_minus_100_percent_and_a_zero_baseline_shows_the_absolute_one():
+    """Throughput (never negative) of a baseline with one large draw, and a policy that serves
+    far less on every draw: the resampled differences, divided by the whole baseline mean,
+    reach below -100% (what the table printed before); the relative change of the means cannot.
+    Preemptions of a baseline that has none on most draws: some resamples have a baseline mean
+    of 0, so the table gives the absolute difference, in the metric's unit."""
+    import re
+
+    import numpy as np
+
+    base_tok_s = [10.0, 10.0, 10.0, 10.0, 400.0]
+    low_tok_s = [1.0, 1.0, 1.0, 1.0, 0.0]
+    runs = {"fcfs": [doc(1.0, t) for t in base_tok_s], "starved": [doc(1.0, t) for t in low_tok_s]}
+    for d, p in zip(runs["fcfs"], [0, 0, 0, 0, 8]):
+        d["summary"]["preemptions"] = p
+    for d in runs["starved"]:
+        d["summary"]["preemptions"] = 3
+    comparison = paired_comparison(runs, SEEDS, "fcfs")
+    diff = comparison["policies"]["starved"]["summary.output_throughput_tok_s"]["vs_baseline"]
+    old_low = diff["difference"]["low"] / np.mean(base_tok_s)
+    assert old_low < -1.0  # the interval as it was computed before
+    rel = diff["relative"]
+    assert rel["estimate"] == pytest.approx(np.mean(low_tok_s) / np.mean(base_tok_s) - 1)
+    assert -1.0 <= rel["low"] <= rel["estimate"] <= rel["high"] <= 0.0
+    assert diff["verdict_uncorrected"] == "worse"
+    assert comparison["policies"]["starved"]["summary.preemptions"]["vs_baseline"]["relative"] is None
+    table = format_paired_table(comparison)
+    percents = [float(x) for x in re.findall(r"([+-]\d+(?:\.\d+)?)%", table)]
+    assert percents and min(percents) >= -100.0
+    lines = table.splitlines()
+    preemptions_vs = lines[next(i for i, line in enumerate(lines) if line.startswith("preemptions")) + 1]
+    assert preemptions_vs.split()[3] == f"{3 - np.mean([0, 0, 0, 0, 8]):+.2f}" and "%" not in preemptions_vs

@@ -132,8 +132,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
     print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
-    serve(make_engine(config, executor), serve_config)
+    serve(make_engine(config, executor), serve_config, on_stop=print_summary)
     return 0
+
+
+def print_summary(server: Any) -> None:
+    """What `serve` prints once drained: the share of the requests that carried a `deadline_s`
+    that met it, overall and per tenant (nothing when none did)."""
+    from ..results.deadlines import deadline_line
+
+    line = deadline_line(server.metrics.deadline_figures())
+    if line is not None:
+        print(f"metroline: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_serve_replicas(args: argparse.Namespace) -> int:

@@ -59,11 +59,12 @@ class Deprecation:
     target: str | None = None
 
     def message(self, plugin: str) -> str:
-        """The warning: which plugin uses what, since and until when, and what to use instead."""
+        """The warning: which plugin uses what, since and until when (and the version installed),
+        and what to use instead."""
         instead = f": use {self.new} instead" if self.new else " without a replacement"
         return (
             f"{plugin}: {self.old} is deprecated since metroline {self.since} and will be removed in "
-            f"{self.removed_in}{instead}"
+            f"{self.removed_in} (installed: metroline {_installed_version()}){instead}"
         )
 
 

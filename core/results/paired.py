@@ -47,7 +47,7 @@ A metric missing from the documents (`unfinished` without a horizon) is left out
 METRIC_KINDS: dict[str, str] = {
     "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput", "completed": "count",
     "unfinished": "count", "preemptions": "count", "recomputed_tokens": "count", "prefix_hit_rate": "share",
-    "min_jain": "share",
+    "min_jain": "share", "attainment": "share",
 }
 """The kind of each metric without a latency's (`multiplicity.MIN_EFFECT`), by its path's last key."""
 
@@ -154,13 +154,15 @@ def _pct(x: float) -> str:
     return f"{p:+.2g}%" if 0 < abs(p) < 0.05 else f"{p:+.1f}%"
 
 
-def _diff_cell(diff: dict[str, Any] | None) -> str:
+def _diff_cell(diff: dict[str, Any] | None, scale: float = 1.0, unit: str = "") -> str:
+    """The relative difference [interval] and verdict; the absolute difference in the metric's
+    unit where there is no relative one (a baseline mean of 0, or resamples with one)."""
     if diff is None:
         return ""
     rel = diff["relative"]
     if rel is None:
-        d = diff["difference"]["estimate"]
-        text = f"{d:+{_format_of(d)}}"
+        d = diff["difference"]["estimate"] * scale
+        text = f"{d:+{_format_of(d)}}{f' {unit}' if unit else ''}"
     else:
         text = f"{_pct(rel['estimate'])} [{_pct(rel['low'])}, {_pct(rel['high'])}]"
     if diff.get("removed_by"):
@@ -183,7 +185,7 @@ def format_paired_table(comparison: dict[str, Any]) -> str:
         name = f"{meta['label']} ({unit})" if unit else meta["label"]
         cells = [comparison["policies"][p][key] for p in labels]
         rows.append((name, [_mean_cell(c["mean"], scale) for c in cells]))
-        rows.append((f"  vs {base}", ["baseline" if p == base else _diff_cell(c["vs_baseline"])
+        rows.append((f"  vs {base}", ["baseline" if p == base else _diff_cell(c["vs_baseline"], scale, unit)
                                       for p, c in zip(labels, cells)]))
     label_w = max(len(r[0]) for r in rows) + 2
     widths = [max(len(p), *(len(vals[i]) for _, vals in rows)) + 2 for i, p in enumerate(labels)]

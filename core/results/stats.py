@@ -74,7 +74,9 @@ class Interval:
 @dataclass(frozen=True)
 class PairedDifference:
     """Policy B against the baseline A over paired draws: `difference` is the interval of the mean
-    of B - A; `relative` is the same interval divided by A's mean (None when A's mean is 0);
+    of B - A; `relative` is that difference over A's mean, its interval that ratio's over the same
+    resamples (`relative_change`: never below -100% for a metric that is never negative; None
+    when A's mean is 0 or a resample's is);
     `verdict` says whether B is better, worse or not different at the interval's level, in the
     metric's `direction` (None when the metric has no direction: only the difference is given)."""
 
@@ -153,6 +155,15 @@ def _statistic(samples: np.ndarray, statistic: str | float) -> np.ndarray:
     return np.percentile(samples, float(statistic), axis=1)
 
 
+def _resamples(n: int, resamples: int, seed: int):
+    """(first resample's number, index matrix) chunks of `resamples` draws of `n` indices with
+    replacement; the same `seed` gives the same draws (two statistics resampled alike stay paired)."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, _CHUNK_CELLS // n)
+    for start in range(0, resamples, rows):
+        yield start, rng.integers(0, n, size=(min(resamples, start + rows) - start, n))
+
+
 def bootstrap_ci(
     values: Sequence[float] | np.ndarray,
     statistic: str | float = "mean",
@@ -178,12 +189,9 @@ def bootstrap_ci(
     estimate = float(_statistic(x[None, :], statistic)[0])
     if n == 1 or np.all(x == x[0]):
         return Interval(estimate, estimate, estimate, level, n)
-    rng = np.random.default_rng(seed)
     stats = np.empty(resamples)
-    rows = max(1, _CHUNK_CELLS // n)
-    for start in range(0, resamples, rows):
-        stop = min(resamples, start + rows)
-        stats[start:stop] = _statistic(x[rng.integers(0, n, size=(stop - start, n))], statistic)
+    for start, index in _resamples(n, resamples, seed):
+        stats[start:start + len(index)] = _statistic(x[index], statistic)
     tail = expanded_tail(level, n) if expanded else 1 - level
     low, high = np.quantile(stats, [tail / 2, 1 - tail / 2])
     return Interval(estimate, float(low), float(high), level, n)
@@ -217,7 +225,7 @@ def paired_difference(
 ) -> PairedDifference:
     """B (`values`) against A (`baseline`), both one value per draw in the same order: the
     interval of the mean paired difference B - A (resampling the draws, so each pair stays
-    together), its relative form (divided by A's mean) and the verdict. A pair that differs by no
+    together), its relative form (`relative_change`) and the verdict. A pair that differs by no
     more than float rounding (`ROUNDING`, relative) counts as equal: the same time per token
     summed in another order must not make a verdict."""
     a, b = np.asarray(baseline, dtype=float), np.asarray(values, dtype=float)
@@ -226,8 +234,32 @@ def paired_difference(
     d = b - a
     d[np.abs(d) <= ROUNDING * np.maximum(np.abs(a), np.abs(b))] = 0.0  # equal but for float rounding
     diff = bootstrap_ci(d, "mean", level=level, resamples=resamples, expanded=True)
+    return PairedDifference(diff, relative_change(a, d, diff, resamples), verdict(diff, direction))
+
+
+def relative_change(a: np.ndarray, d: np.ndarray, diff: Interval, resamples: int = DEFAULT_RESAMPLES) -> Interval | None:
+    """The paired difference relative to the baseline's mean: mean(d) / mean(a), its interval
+    the quantiles of the same ratio over the same resampled draws as `diff`'s (each resample's
+    difference over that resample's own baseline mean). For a metric that is never negative this
+    is the relative change of the means, mean(b) / mean(a) - 1, so never below -100%; dividing
+    `diff`'s bounds by the full baseline mean instead could be (a draw with a large baseline
+    value, resampled often, has a difference larger than the whole mean). None when the
+    baseline's mean is 0, or a resample's is not positive (the ratio is unbounded there: only the
+    absolute difference means something)."""
     base = float(a.mean()) if a.size else 0.0
-    relative = None
-    if base != 0.0:
-        relative = Interval(diff.estimate / base, *sorted((diff.low / base, diff.high / base)), level, diff.n)
-    return PairedDifference(diff, relative, verdict(diff, direction))
+    if base == 0.0:
+        return None
+    if base < 0 or np.any(a < 0):
+        return None  # a baseline that can be negative: a ratio to its mean says nothing
+    estimate = float(d.mean()) / base
+    if not np.any(d):  # no difference on any draw: none in any resample either
+        return Interval(estimate, estimate, estimate, diff.level, diff.n)
+    ratios = np.empty(resamples)
+    for start, index in _resamples(a.size, resamples, BOOTSTRAP_SEED):
+        bases = a[index].mean(axis=1)
+        if np.any(bases <= 0):
+            return None
+        ratios[start:start + len(index)] = d[index].mean(axis=1) / bases
+    tail = expanded_tail(diff.level, diff.n)
+    low, high = np.quantile(ratios, [tail / 2, 1 - tail / 2])
+    return Interval(estimate, float(low), float(high), diff.level, diff.n)

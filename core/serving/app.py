@@ -56,6 +56,9 @@ class Server:
         """When a dict (a bench sets it): request id -> [handler started, first SSE bytes written],
         on the engine clock, for the overhead's breakdown."""
         self.metrics = ServerMetrics(engine.config.max_num_seqs, engine.config.max_num_batched_tokens)
+        self.on_stop: Any = None
+        """Called with this server once it has drained, before the process exits (uvicorn then
+        re-raises the signal that stopped it): `metroline serve` prints its summary there."""
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
             stall_timeout=serve.stall_timeout, after_step=self._after_step, on_end=self._ended,
@@ -193,6 +196,8 @@ class Server:
         finally:
             await self.drain()
             gc.unfreeze()
+            if self.on_stop is not None:
+                self.on_stop(self)
 
     async def drain(self) -> None:
         """Shut down cleanly (on SIGTERM, before uvicorn closes the connections): refuse new

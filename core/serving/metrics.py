@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..results.deadlines import figures_of_counts, met_deadline
 from ..results.metrics import DECODE_TOKENS, NUM_SEQS, PREEMPTIONS, PREFILL_TOKENS
 
 _SHARES = (0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -62,6 +63,22 @@ class ServerMetrics:
         self.rejections = Counter(
             "metroline_rejections", "Requests refused before reaching the engine", ["tenant", "reason"], registry=r,
         )
+        self.deadline_requests = Counter(
+            "metroline_deadline_requests", "Requests with a deadline (deadline_s) that ended", ["tenant"], registry=r,
+        )
+        self.deadline_met = Counter(
+            "metroline_deadline_met", "Requests that completed by their deadline", ["tenant"], registry=r,
+        )
+        self.deadline_attainment = Gauge(
+            "metroline_deadline_attainment", "Share of the ended requests with a deadline that met it", registry=r,
+        )
+        self.deadline_attainment.set(float("nan"))  # no request with a deadline has ended yet
+        self.deadline_attainment_by_tenant = Gauge(
+            "metroline_deadline_attainment_by_tenant", "Share of a tenant's ended requests with a deadline that met it",
+            ["tenant"], registry=r,
+        )
+        self.deadline_counts: dict[str, list[int]] = {}
+        """Tenant -> [requests with a deadline that ended, those that met it], since the start."""
 
     def after_step(self, engine: Any, outputs: list[Any]) -> None:
         """Drain the engine's step log and finished records into the metrics."""
@@ -87,6 +104,8 @@ class ServerMetrics:
             times = rec.token_times
             for a, b in zip(times, times[1:]):
                 self.itl.observe(b - a)
+        if log.deadlines:
+            self._deadlines(log.requests, log.deadlines)
         log.requests.clear()
         served: dict[str, int] = {}
         for out in outputs:
@@ -103,6 +122,30 @@ class ServerMetrics:
         self.swapped.set(len(s.swapped))
         self.free_blocks.set(pool.num_free_blocks())
         self.cached_blocks.set(pool.num_cached_blocks())
+
+    def _deadlines(self, records: list[Any], deadlines: dict[str, float]) -> None:
+        """Count the ended sequences that had a deadline (`deadlines`: id -> deadline, emptied),
+        and those that met it (`metroline.core.results.deadlines.met_deadline`)."""
+        for rec in records:
+            deadline = deadlines.pop(rec.id, None)
+            if deadline is None:
+                continue
+            met = met_deadline(rec, deadline)
+            c = self.deadline_counts.setdefault(rec.tenant, [0, 0])
+            c[0] += 1
+            c[1] += met
+            self.deadline_requests.labels(rec.tenant).inc()
+            self.deadline_met.labels(rec.tenant).inc(met)  # the series exists at 0 for a tenant that met none
+            self.deadline_attainment_by_tenant.labels(rec.tenant).set(c[1] / c[0])
+        deadlines.clear()
+        figures = self.deadline_figures()
+        if figures is not None:
+            self.deadline_attainment.set(figures["attainment"])
+
+    def deadline_figures(self) -> dict[str, Any] | None:
+        """The deadline figures since the server started, shaped as a run's
+        (`metroline.core.results.deadlines.deadline_figures`); None while no request had one."""
+        return figures_of_counts({t: (c[0], c[1]) for t, c in self.deadline_counts.items()})
 
     def _speculation(self, counters: Any) -> None:
         """Speculative decoding's counters, named as vLLM's (`vllm:spec_decode_num_drafts`, ...):

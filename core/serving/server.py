@@ -59,11 +59,13 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None) -> None:
+def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None) -> None:
     """Serve until SIGINT/SIGTERM: the server stops accepting, in-flight streams get `drain_s`
     seconds to finish, then the engine loop cancels the rest (each ends with an error event and
-    `[DONE]`) and frees their blocks."""
-    serve_app(build_app(engine, serve_config, tokenizer), serve_config)
+    `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given."""
+    app = build_app(engine, serve_config, tokenizer)
+    app.state.server.on_stop = on_stop
+    serve_app(app, serve_config)
 
 
 def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:
