@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -86,33 +84,6 @@ def cell_record(cell: dict) -> dict:
             "engine": cell_engine(cell), "priorities": priorities}
 
 
-def record_cells(selected: list[dict]) -> list[dict]:
-    """vLLM's side of each cell (needs vLLM, see `vllm_reference`)."""
-    import tempfile
-
-    import vllm_reference as ref
-
-    ref.import_metroline()
-    out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(ref.TINY_MODEL))
-        for cell in selected:
-            rec = cell_record(cell)
-            e = rec["engine"]
-            args = argparse.Namespace(
-                num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
-                max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
-                step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=None,
-                max_prefill_chunk_adaptive=False, no_prefix_sharing=not cell["prefix"],
-                speculative_config=e["speculative_config"])
-            result = ref.replay(args, matrix.workload_of(rec), Path(tmp))
-            rec.update(preemptions=result["preemptions"], steps=result["steps"], drafts=result["drafts"], times={
-                rid: [r["first_scheduled"][1], r["first_token"][1], r["finish"][1]]
-                for rid, r in result["requests"].items()})
-            out.append(rec)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--live", action="store_true", help="run vLLM's scheduler now instead of reading the recording")
@@ -120,33 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recording", default=str(RECORDING), help="the recording to compare with (default: %(default)s)")
     p.add_argument("--only", help="the cells whose name contains this")
     args = p.parse_args(argv)
-    if args.live:
-        selected = [c for c in cells() if not args.only or args.only in cell_name(c)]
-        wall = time.perf_counter()
-        recordings = record_cells(selected)
-        print(f"vLLM: {len(recordings)} cells in {time.perf_counter() - wall:.1f} s", file=sys.stderr)
-        if args.record:
-            import vllm
-
-            Path(args.record).write_text(json.dumps({
-                "reference": f"vllm {vllm.__version__} v1 Scheduler with speculative decoding, fake model runner "
-                             "(bench/vllm_reference.py)",
-                "cells": recordings}, separators=(",", ":")) + "\n")
-    else:
-        recordings = [r for r in json.loads(Path(args.recording).read_text())["cells"]
-                      if not args.only or args.only in cell_name(r["cell"])]
-    print(f"{'cell':<46} {'n':>3} {'sched%':>7} {'ttft%':>7} {'end%':>7} {'preempt m/v':>12} {'pad':>4}")
-    full = 0
-    for rec in recordings:
-        r = matrix.compare(rec)
-        m, v = r["preemptions"]
-        ok = r["first_scheduled"] == r["first_token"] == r["finish"] == 100 and m == v
-        full += ok
-        print(f"{cell_name(rec['cell']):<46} {r['requests']:>3} {r['first_scheduled']:>7.2f} {r['first_token']:>7.2f} "
-              f"{r['finish']:>7.2f} {m:>5}/{v:<5} {rec['drafts']['num_padding_drafts']:>4}{'' if ok else '  DIFF'}")
-    print(f"{full}/{len(recordings)} cells identical (every time bit-equal, equal preemptions)")
-    return 0
-
+    recordings = matrix.recordings_of(
+        args, cells(), cell_name, "v1 Scheduler with speculative decoding, fake model runner (bench/vllm_reference.py)",
+        cell_record)
+    return matrix.report(recordings, cell_name, width=46, extra=lambda rec: f" pad {rec['drafts']['num_padding_drafts']}")
 
 if __name__ == "__main__":
     sys.exit(main())
