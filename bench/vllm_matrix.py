@@ -92,8 +92,9 @@ def workload_of(recording: dict, traces_dir=None):
 
 
 def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dict, dict[str, tuple]]:
-    """Run the recording's workload under `--preset vllm` with its engine; the summary and each
-    request's (first scheduled, first token, finish) times."""
+    """Run the recording's workload under `--preset vllm` with its engine; the summary (with the
+    `speculation` counters under speculative decoding) and each request's (first scheduled, first
+    token, finish) times."""
     from metroline.core.config import EngineConfig
     from metroline.core.experiments.runner import run_workload
     from metroline.executors.cost_models import make_cost_model
@@ -105,10 +106,14 @@ def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dic
                   enable_prefix_caching=e.get("enable_prefix_caching", True))
     if e.get("max_prefill_chunk_adaptive"):
         fields["max_prefill_chunk_adaptive"] = True
+    if e.get("speculative_config"):
+        fields["speculative_config"] = e["speculative_config"]
     cfg = EngineConfig(preset="vllm", **{**fields, **overrides})
     doc, engine = run_workload(workload_of(recording, traces_dir), cfg,
                                SimulatedExecutor(make_cost_model("steps", step_time=e["step_time"])))
     times = {r.id: (r.first_scheduled_s, r.first_token_s, r.finish_s) for r in engine.metrics.requests}
+    if "speculation" in doc:  # speculative decoding's counters beside the summary's figures
+        return {**doc["summary"], "speculation": doc["speculation"]}, times
     return doc["summary"], times
 
 
@@ -126,31 +131,84 @@ def compare(recording: dict, traces_dir=None) -> dict:
             "finish": 100 * same[2] / n, "preemptions": (summary["preemptions"], recording["preemptions"])}
 
 
-def record_cells(selected: list[dict], traces_dir=None) -> list[dict]:
-    """vLLM's side of each cell (needs vLLM, see `vllm_reference`)."""
+def replay_vllm(ref, rec: dict, model_dir: Path, traces_dir=None) -> dict:
+    """vLLM's side of the cell recording `rec` (its workload and `engine` table), added to `rec`:
+    preemptions, steps, each request's times (and vLLM's drafts under speculative decoding)."""
+    e = rec["engine"]
+    args = argparse.Namespace(
+        num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
+        max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
+        step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=e["max_prefill_chunk"],
+        max_prefill_chunk_adaptive=e["max_prefill_chunk_adaptive"], no_prefix_sharing=not e["enable_prefix_caching"],
+        speculative_config=e.get("speculative_config"))
+    result = ref.replay(args, workload_of(rec, traces_dir), model_dir)
+    rec.update(preemptions=result["preemptions"], steps=result["steps"], times={
+        rid: [r["first_scheduled"][1], r["first_token"][1], r["finish"][1]] for rid, r in result["requests"].items()})
+    if "drafts" in result:
+        rec["drafts"] = result["drafts"]
+    return rec
+
+
+def record_cells(selected: list[dict], traces_dir=None, make_record=None) -> list[dict]:
+    """vLLM's side of each cell (needs vLLM, see `vllm_reference`); `make_record(cell)` gives a
+    cell's recording without it (default: this matrix's)."""
     import tempfile
 
     sys.path.insert(0, str(HERE))
     import vllm_reference as ref
 
     ref.import_metroline()
-    out = []
+    make_record = make_record or (lambda cell: {"cell": cell, "workload": cell_workload_params(cell),
+                                                "engine": cell_engine(cell), "priorities": cell_priorities(cell)})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(ref.TINY_MODEL))
-        for cell in selected:
-            e = cell_engine(cell)
-            args = argparse.Namespace(
-                num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
-                max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
-                step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=e["max_prefill_chunk"],
-                max_prefill_chunk_adaptive=e["max_prefill_chunk_adaptive"], no_prefix_sharing=not cell["prefix"])
-            rec = {"cell": cell, "workload": cell_workload_params(cell), "engine": e, "priorities": cell_priorities(cell)}
-            result = ref.replay(args, workload_of(rec, traces_dir), Path(tmp))
-            rec.update(preemptions=result["preemptions"], steps=result["steps"], times={
-                rid: [r["first_scheduled"][1], r["first_token"][1], r["finish"][1]]
-                for rid, r in result["requests"].items()})
-            out.append(rec)
-    return out
+        return [replay_vllm(ref, make_record(cell), Path(tmp), traces_dir) for cell in selected]
+
+
+def recordings_of(args: argparse.Namespace, all_cells: list[dict], name_of, reference: str, make_record=None) -> list[dict]:
+    """The cells' recordings: vLLM's side run now (`--live`, written to `--record`), or read from
+    `--recording`; only the cells whose name contains `--only`."""
+    if not args.live:
+        return [r for r in json.loads(Path(args.recording).read_text())["cells"]
+                if not args.only or args.only in name_of(r["cell"])]
+    selected = [c for c in all_cells if not args.only or args.only in name_of(c)]
+    wall = time.perf_counter()
+    recordings = record_cells(selected, getattr(args, "traces_dir", None), make_record)
+    print(f"vLLM: {len(recordings)} cells in {time.perf_counter() - wall:.1f} s", file=sys.stderr)
+    if args.record:
+        import vllm
+
+        Path(args.record).write_text(json.dumps({"reference": f"vllm {vllm.__version__} {reference}",
+                                                 "cells": recordings}, separators=(",", ":")) + "\n")
+    return recordings
+
+
+def report(recordings: list[dict], name_of, traces_dir=None, width: int = 48, extra=None) -> int:
+    """Compare each recording with metroline's replay and print a line per cell (`extra(rec)`:
+    a last column); then how many cells are identical. Returns 0."""
+    print(f"{'cell':<{width}} {'n':>3} {'sched%':>7} {'ttft%':>7} {'end%':>7} {'preempt m/v':>12}")
+    full = 0
+    for rec in recordings:
+        r = compare(rec, traces_dir)
+        m, v = r["preemptions"]
+        ok = r["first_scheduled"] == r["first_token"] == r["finish"] == 100 and m == v
+        full += ok
+        print(f"{name_of(rec['cell']):<{width}} {r['requests']:>3} {r['first_scheduled']:>7.2f} "
+              f"{r['first_token']:>7.2f} {r['finish']:>7.2f} {m:>5}/{v:<5}{extra(rec) if extra else ''}"
+              f"{'' if ok else '  DIFF'}")
+    print(f"{full}/{len(recordings)} cells identical (every time bit-equal, equal preemptions)")
+    return 0
+
+
+def check_identical(recording: dict, traces_dir=None) -> dict:
+    """Assert that metroline's replay of `recording` is vLLM's: every request's times bit-equal,
+    equal preemption and step counts. Returns the replay's summary."""
+    summary, times = replay_metroline(recording, traces_dir)
+    want = recorded_times(recording)
+    assert times.keys() == want.keys()
+    assert {rid: (times[rid], want[rid]) for rid in want if times[rid] != want[rid]} == {}
+    assert (summary["preemptions"], summary["steps"]) == (recording["preemptions"], recording["steps"])
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,32 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="the cells whose name contains this")
     p.add_argument("--traces-dir")
     args = p.parse_args(argv)
-    if args.live:
-        selected = [c for c in cells() if not args.only or args.only in cell_name(c)]
-        wall = time.perf_counter()
-        recordings = record_cells(selected, args.traces_dir)
-        print(f"vLLM: {len(recordings)} cells in {time.perf_counter() - wall:.1f} s", file=sys.stderr)
-        if args.record:
-            import vllm
-
-            Path(args.record).write_text(json.dumps({
-                "reference": f"vllm {vllm.__version__} v1 Scheduler, fake model runner (bench/vllm_reference.py)",
-                "cells": recordings}, separators=(",", ":")) + "\n")
-    else:
-        recordings = [r for r in json.loads(Path(args.recording).read_text())["cells"]
-                      if not args.only or args.only in cell_name(r["cell"])]
-    print(f"{'cell':<48} {'n':>3} {'sched%':>7} {'ttft%':>7} {'end%':>7} {'preempt m/v':>12}")
-    full = 0
-    for rec in recordings:
-        r = compare(rec, args.traces_dir)
-        m, v = r["preemptions"]
-        ok = r["first_scheduled"] == r["first_token"] == r["finish"] == 100 and m == v
-        full += ok
-        print(f"{cell_name(rec['cell']):<48} {r['requests']:>3} {r['first_scheduled']:>7.2f} {r['first_token']:>7.2f} "
-              f"{r['finish']:>7.2f} {m:>5}/{v:<5}{'' if ok else '  DIFF'}")
-    print(f"{full}/{len(recordings)} cells identical (every time bit-equal, equal preemptions)")
-    return 0
-
+    recordings = recordings_of(args, cells(), cell_name,
+                               "v1 Scheduler, fake model runner (bench/vllm_reference.py)")
+    return report(recordings, cell_name, args.traces_dir)
 
 if __name__ == "__main__":
     sys.exit(main())

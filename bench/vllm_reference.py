@@ -10,7 +10,15 @@ non-empty steps) and the time of its first scheduling, its first token and its e
   `--step-time` seconds (computed as `anchor + n * step_time`, like `SimulatedExecutor`), a request
   is submitted once the clock reaches its arrival, and an idle engine jumps to the next arrival;
 - vLLM's block pool keeps one null block, so it gets `--num-blocks + 1` blocks: both engines then
-  have `--num-blocks` blocks for requests.
+  have `--num-blocks` blocks for requests;
+- with `--speculative-config` (metroline's `SpeculativeConfig` as JSON; vLLM gets its `method`,
+  `num_speculative_tokens` and n-gram sizes), the fake model runner is the drafter and the
+  verifier: after a step, each request that sampled proposes `num_speculative_tokens` drafts (as
+  many as `max_model_len` leaves; vLLM's `update_draft_token_ids`, which ignores requests still in
+  their prefill), and of a step's scheduled drafts it accepts as many as metroline's simulated
+  executor would (`metroline.executors.speculation_sim.AcceptanceModel`, keyed on the request, its
+  position and the config's seed), none of the padding drafts (-1) vLLM gives a request admitted
+  one token short of decoding: it returns `1 + accepted` sampled tokens.
 
 Install (a separate venv: CPU torch pinned, vLLM's wheel without its dependencies, then the
 modules its scheduler's imports need; never an unpinned torch, which pulls a CUDA build):
@@ -81,11 +89,25 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path):
     cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=not args.no_prefix_sharing)
     cache.num_gpu_blocks = args.num_blocks + 1  # + vLLM's null block
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                        device_config=DeviceConfig(device="cpu"))
+                        device_config=DeviceConfig(device="cpu"),
+                        speculative_config=vllm_speculative_config(getattr(args, "speculative_config", None), model))
     spec = FullAttentionSpec(block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=args.num_blocks + 1, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     return Scheduler(config, kv, StructuredOutputManager(config), block_size=args.block_size, log_stats=False)
+
+
+def vllm_speculative_config(spec: dict | None, model):
+    """vLLM's `SpeculativeConfig` for metroline's (`spec`, a dict), or None."""
+    if not spec:
+        return None
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    if spec.get("method", "ngram") != "ngram":
+        raise SystemExit("--speculative-config: only the ngram method is recorded (a draft model needs a model)")
+    fields = {k: spec[k] for k in ("prompt_lookup_min", "prompt_lookup_max") if spec.get(k) is not None}
+    return SpeculativeConfig(method="ngram", num_speculative_tokens=spec["num_speculative_tokens"], **fields,
+                             target_model_config=model, target_parallel_config=ParallelConfig())
 
 
 def make_request(item, rid: str, block_hasher):
@@ -101,12 +123,14 @@ def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
     """Replay the workload on vLLM's scheduler with the fake model runner and the step clock."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
     scheduler = build_scheduler(args, model_dir)
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(args.block_size, hash_fn)
+    spec = getattr(args, "speculative_config", None)
+    verifier = FakeVerifier(spec, args.max_model_len) if spec else None
 
     items, dt = workload.items, args.step_time
     anchor, ticks, steps = 0.0, 0, 0
@@ -146,8 +170,14 @@ def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
             if "first_scheduled" not in rec:
                 rec["first_scheduled"] = [steps, start]
             req_ids.append(rid)
-            # the scheduler advanced num_computed_tokens already: a token when it reached the end
-            sampled.append([1] if req.num_computed_tokens >= req.num_tokens else [])
+            # the scheduler advanced num_computed_tokens already: a token when it reached the end,
+            # and the accepted drafts after it
+            if req.num_computed_tokens < req.num_tokens:
+                sampled.append([])
+            elif verifier is None:
+                sampled.append([1])
+            else:
+                sampled.append(verifier.verify(req, out.scheduled_spec_decode_tokens.get(rid, ())))
         output = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
         scheduler.update_from_output(out, output)
@@ -161,7 +191,57 @@ def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
                 rec["finish"] = [steps, now]
                 rec["preemptions"] = req.num_preemptions
                 del live[rid]
-    return {"preemptions": preemptions, "steps": steps, "requests": record}
+        if verifier is not None:  # the drafter runs after the step, as vLLM's EngineCore.post_step takes its drafts
+            scheduler.update_draft_token_ids(DraftTokenIds(*verifier.propose(req_ids, sampled, live)))
+    result = {"preemptions": preemptions, "steps": steps, "requests": record}
+    if verifier is not None:
+        result["drafts"] = {"num_draft_tokens": verifier.drafted, "num_accepted_tokens": verifier.accepted,
+                            "num_padding_drafts": verifier.padding}
+    return result
+
+
+class FakeVerifier:
+    """The fake model runner's drafter and verifier under speculative decoding (see the module
+    docstring): metroline's acceptance model decides how many drafts each step accepts."""
+
+    def __init__(self, spec: dict, max_model_len: int) -> None:
+        import types
+
+        from metroline.core.speculative_config import parse_speculative_config
+        from metroline.executors.speculation_sim import AcceptanceModel
+
+        self.config = parse_speculative_config(spec)
+        self.model = AcceptanceModel(self.config)
+        self.max_model_len = max_model_len
+        self._seq = types.SimpleNamespace  # what the acceptance model reads of a sequence
+        self.drafted = self.accepted = self.padding = 0
+
+    def verify(self, req, drafts) -> list[int]:
+        """The tokens a step samples for `req` (which reached its known tokens): its own and one
+        per accepted draft; padding drafts (-1) are never accepted."""
+        k = 0
+        while k < len(drafts) and drafts[k] >= 0:
+            k += 1
+        self.padding += len(drafts) - k
+        if not k:
+            return [1]
+        seq = self._seq(request_id=req.request_id, index=0, metadata={}, token_ids=req.all_token_ids)
+        a = self.model.accepted(seq, k)
+        self.drafted += k
+        self.accepted += a
+        return [1] * (1 + a)
+
+    def propose(self, req_ids: list[str], sampled: list[list[int]], live: dict) -> tuple[list, list]:
+        """Drafts for each request that sampled in the step and is still live: as many as the
+        config asks, within `max_model_len` (vLLM's n-gram proposer caps them so)."""
+        ids, drafts = [], []
+        for rid, tokens in zip(req_ids, sampled):
+            req = live.get(rid)
+            if not tokens or req is None:
+                continue
+            ids.append(rid)
+            drafts.append([1] * max(0, min(self.config.num_speculative_tokens, self.max_model_len - req.num_tokens)))
+        return ids, drafts
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -177,6 +257,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-chunk-adaptive", action="store_true",
                    help="vLLM's long_prefill_token_threshold_adaptive")
     p.add_argument("--no-prefix-sharing", action="store_true", help="vLLM without prefix caching")
+    p.add_argument("--speculative-config", type=json.loads,
+                   help="speculative decoding: metroline's SpeculativeConfig as JSON (method ngram)")
 
 
 def engine_fields(args: argparse.Namespace) -> dict:
@@ -185,7 +267,7 @@ def engine_fields(args: argparse.Namespace) -> dict:
             "max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
             "step_time": args.step_time, "policy": args.policy, "max_prefill_chunk": args.max_prefill_chunk,
             "max_prefill_chunk_adaptive": args.max_prefill_chunk_adaptive,
-            "enable_prefix_caching": not args.no_prefix_sharing}
+            "enable_prefix_caching": not args.no_prefix_sharing, "speculative_config": args.speculative_config}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from .speculative_config import SpeculativeConfig
 PreemptionMode = Literal["recompute", "swap"]
 AdmissionGate = Literal["full_prompt", "first_chunk"]
 PrefixMatch = Literal["block", "token"]
+SpeculativeScheduling = Literal["lean", "vllm"]
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 """Presets as data: one table per preset, of `EngineConfig` fields (and a `description`)."""
@@ -100,6 +101,15 @@ class EngineConfig(BaseModel):
     - `speculative_config` (default None: no speculation): speculative decoding in vLLM's shape
       (`metroline.core.speculative_config`); a running decode then carries up to
       `num_speculative_tokens` draft tokens a step, as the `num_draft_tokens` hook decides.
+    - `speculative_scheduling` (default "lean"): how drafts are scheduled
+      (`metroline.core.step.speculation`). "lean": drafts never preempt (a decode whose drafts do
+      not fit in the free blocks runs without them), a decode gets no more drafts than its
+      `max_tokens` leaves room for, and the blocks holding only rejected slots are freed after
+      verification. "vllm", as vLLM 0.33's scheduler: a decode's `1 + k` slots are allocated as
+      any tokens are, preempting victims when blocks run out; drafts are not cut at `max_tokens`
+      (the stop check cuts the accepted run); a request keeps the blocks of its rejected slots
+      until it ends or is preempted; and a request admitted one token short of decoding while no
+      prefill chunk runs is padded to `1 + k` tokens with drafts that are never accepted.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -133,6 +143,7 @@ class EngineConfig(BaseModel):
     deterministic: bool = False
     preset: str | None = None
     speculative_config: SpeculativeConfig | None = None
+    speculative_scheduling: SpeculativeScheduling = "lean"
 
     @model_validator(mode="before")
     @classmethod

@@ -50,11 +50,7 @@ def test_the_matrix_is_recorded_whole_and_preempts_where_the_pool_is_tight():
 
 
 def check(recording: dict) -> None:
-    summary, times = matrix.replay_metroline(recording, traces_dir())
-    want = matrix.recorded_times(recording)
-    assert times.keys() == want.keys()
-    assert {rid: (times[rid], want[rid]) for rid in want if times[rid] != want[rid]} == {}
-    assert (summary["preemptions"], summary["steps"]) == (recording["preemptions"], recording["steps"])
+    matrix.check_identical(recording, traces_dir())
 
 
 @pytest.mark.parametrize("recording", [r for r, n in zip(RECORDING, NAMES) if n in QUICK],

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..plugins.manager import PluginManager
     from .context import StepContext
     from .queues import Queues
+    from .speculation import Speculation
     from .step_prefix import StepPrefix
     from .step_state import StepState
     from .victim_loop import VictimLoop
@@ -33,7 +34,9 @@ class Admission:
     """Admitting waiting and swapped candidates into `queues.running`: their prefix hits and
     blocks from `pool` (and `swap`, None without a swap space), this step's registrations in
     `prefix`, room made by `room`; the candidates come from `plugins`' `admission` (seen with
-    `ctx`). `config` gives the preset's rules (`admit_after_preemption`, `admission_gate`)."""
+    `ctx`). `config` gives the preset's rules (`admit_after_preemption`, `admission_gate`);
+    `speculation` (set by the scheduler under speculative decoding) pads an admission one token
+    short of decoding under vLLM's rules (`Speculation.padding`)."""
 
     def __init__(
         self, config: EngineConfig, plugins: PluginManager, ctx: StepContext, queues: Queues, pool: BlockPool,
@@ -48,6 +51,7 @@ class Admission:
         self.room = room
         self.admit_after_preemption = config.admit_after_preemption
         self.full_prompt_gate = config.admission_gate == "full_prompt"
+        self.speculation: Speculation | None = None
 
     def admit(self, step: StepState) -> None:
         """Ask `admission` for candidates and admit them until one is blocked (head-of-line),
@@ -133,9 +137,11 @@ class Admission:
         # it takes a prefill token when the decode share is spent
         decode = seq.is_decoding and step.decode_left > 0
         n = 1 if decode else min(seq.num_uncomputed_tokens, step.prefill_left, max_chunk)
-        if n <= 0:
+        pad = 0 if self.speculation is None or seq.num_uncomputed_tokens != 1 else self.speculation.padding(seq, step)
+        if n <= 0 or pad < 0:
             seq.num_computed_tokens = 0
             return STOP
+        n += pad
         room, preempted = self.room, step.plan.preempted
         victims = len(preempted)
         if not room.make_room_for(seq, 1 + unforked(seq), step):
@@ -158,7 +164,7 @@ class Admission:
         prefix = self.prefix
         prefix.candidate, prefix.candidate_stale = seq, False
         try:
-            grown = room.grow(seq, n, step)  # fits without a victim (`_room_for_admission`)
+            grown = room.grow(seq, n + (pad and self.speculation.lookahead), step)  # fits without a victim
         finally:
             prefix.candidate = None
         if prefix.candidate_stale:
@@ -175,7 +181,10 @@ class Admission:
             seq.num_lost_tokens = 0
         del self.queues.waiting[seq]
         prefix.note_admitted(seq)
-        step.schedule(seq, n, decode)
+        if pad:
+            self.speculation.schedule_padded(seq, pad, step)
+        else:
+            step.schedule(seq, n, decode)
         self._mark_admitted(seq, step)
         return ADMITTED
 

@@ -66,7 +66,9 @@ class Scheduler:
         self.total_preemptions = 0
         self.last_offered = False
         spec = config.speculative_config
-        self.speculation = Speculation(spec, plugins, config.max_model_len) if spec is not None else None
+        self.speculation = (Speculation(spec, plugins, config.max_model_len, config.speculative_scheduling == "vllm")
+                            if spec is not None else None)
+        self.admission.speculation = self.speculation
 
     @property
     def rescues(self) -> int:

@@ -21,7 +21,12 @@ each running decode carries (0: none). `Speculation` then works in three places 
    says how many drafts it accepts instead (`StepResult.accepted`).
 4. `settle`: each drafting sequence's `num_computed_tokens` goes back to its verified tokens (the
    rejected positions are rolled back), the blocks that hold only rejected or lookahead slots are
-   freed, and the blocks its accepted tokens filled enter the prefix index.
+   freed (vLLM keeps them with the request), and the blocks its accepted tokens filled enter the
+   prefix index.
+
+`EngineConfig.speculative_scheduling = "vllm"` (the vllm preset) follows vLLM 0.33's scheduler
+where it differs: drafts preempt, are not cut at `max_tokens`, keep their blocks; a request
+admitted one token short of decoding is padded with drafts never accepted (`pad`).
 """
 
 from __future__ import annotations
@@ -71,16 +76,18 @@ class SpecCounters:
 class Speculation:
     """The scheduler's part of speculative decoding (see the module docstring)."""
 
-    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters")
+    __slots__ = ("config", "plugins", "max_drafts", "max_model_len", "lookahead", "drafts", "counters", "vllm", "padded")
 
-    def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, plugins: PluginManager, max_model_len: int, vllm: bool = False) -> None:
         self.config = config
+        self.vllm = vllm  # EngineConfig.speculative_scheduling == "vllm"
         self.plugins = plugins
         self.max_drafts = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.lookahead = config.lookahead
         self.drafts: dict[Sequence, int] = {}
         self.counters = SpecCounters(self.max_drafts)
+        self.padded: set[Sequence] = set()  # this step's padded admissions (`padding`)
 
     # --- scheduling --------------------------------------------------------------------------
 
@@ -111,13 +118,17 @@ class Speculation:
 
     def serve(self, seq: Sequence, pool: Any, room: Any, step: StepState) -> None:
         """Serve the decode `seq` with its drafts, if `pool` has room for them; else as a plain
-        decode (with blocks from victims through `room` when needed): drafts never preempt."""
+        decode (with blocks from victims through `room` when needed): drafts never preempt. Under
+        vLLM's rules (`EngineConfig.speculative_scheduling`) the drafts are not cut at
+        `max_tokens`, and their slots come from victims too, as any decode's."""
         token_ids = seq.token_ids
-        k = min(
-            self.drafts.get(seq, 0), step.decode_left - 1,
-            seq.sampling.max_new_tokens - (len(token_ids) - seq.num_prompt_tokens) - 1,
-            self.max_model_len - len(token_ids) - 1,
-        )
+        k = min(self.drafts.get(seq, 0), step.decode_left - 1, self.max_model_len - len(token_ids) - 1)
+        if not self.vllm:
+            k = min(k, seq.sampling.max_new_tokens - (len(token_ids) - seq.num_prompt_tokens) - 1)
+        elif k > 0:  # vLLM's Scheduler.schedule: allocate_slots(1 + k, lookahead), preempting on failure
+            if room.grow(seq, 1 + k + self.lookahead, step):
+                step.schedule(seq, 1 + k, True, k)
+            return
         computed, ops = seq.num_computed_tokens, step.plan.block_ops
         if k <= 0 or not pool.allocate_slots(seq.block_table, computed, 1 + k + self.lookahead, ops):
             if not (pool.allocate_slots(seq.block_table, computed, 1, ops) or room.grow(seq, 1, step)):
@@ -125,23 +136,55 @@ class Speculation:
             k = 0
         step.schedule(seq, 1 + k, True, k)
 
+    def padding(self, seq: Sequence, step: StepState) -> int:
+        """Under vLLM's rules, the padding drafts of `seq`, a waiting request admitted one token
+        short of decoding (a prefix hit of all its tokens but the last): vLLM's waiting loop
+        (`Scheduler.schedule`, "Pad new decode requests to uniform spec decoding size") gives it
+        `1 + num_speculative_tokens` tokens, the drafts never accepted, when no running request's
+        prefill chunk is in the step, a running request is or its hit is not empty, and
+        `max_model_len` has room; -1 when the step's budget has not the room (admission stops
+        there, as vLLM's loop breaks), unless nothing else runs in the step (where vLLM would
+        stall, it is admitted unpadded); 0: no padding. Scans the step's plan: only on this path."""
+        k = self.max_drafts
+        if not self.vllm or seq.num_computed_tokens + k + 2 > self.max_model_len:
+            return 0
+        plan = step.plan
+        admitted, decodes = plan.admitted, plan.decodes
+        running = [s for s in plan.scheduled if s not in admitted]
+        if any(s not in decodes for s in running) or not (running or seq.num_computed_tokens):
+            return 0
+        if 1 + k <= step.decode_left + step.prefill_left:
+            return k
+        return -1 if running else 0  # alone in the step it runs unpadded: vLLM would stall there
+
+    def schedule_padded(self, seq: Sequence, pad: int, step: StepState) -> None:
+        """Schedule the padded admission `seq` (`padding`): `1 + pad` tokens of the decode share
+        (moved there from the prefill share as needed), its drafts rejected in `verify`."""
+        moved = max(0, 1 + pad - step.decode_left)
+        step.decode_left += moved
+        step.prefill_left -= moved
+        step.schedule(seq, 1 + pad, True, pad)
+        self.padded.add(seq)
+
     # --- after the forward -------------------------------------------------------------------
 
     def after_step(self, plan: StepPlan, result: StepResult, draw: Any, pool: Any, caching: bool) -> list[Sequence]:
         """Verify the step's drafts and settle (see `verify`, `settle`); count its decodes.
         Returns the sequences that got tokens in verification."""
         self.counters.num_decode_steps += len(plan.decodes)
+        padded, self.padded = self.padded, set()
         if not plan.drafts:
             return []
-        more = self.verify(plan, result, draw)
+        more = self.verify(plan, result, draw, padded)
         self.counters.num_extra_tokens += len(more)
         self.settle(plan, pool, caching)
         return more
 
-    def verify(self, plan: StepPlan, result: StepResult, draw: Any) -> list[Sequence]:
+    def verify(self, plan: StepPlan, result: StepResult, draw: Any, padded: Any = ()) -> list[Sequence]:
         """Accept drafts, position by position: `draw(seqs, logits)` samples one row per sequence,
         appends the tokens and checks stops (what `Engine._sample` does for a step's first row),
-        returning the sequences that got their token. Returns every sequence that got a token here."""
+        returning the sequences that got their token; the `padded` ones accept none. Returns every
+        sequence that got a token here."""
         drafts, proposed, sim_accepted = plan.drafts, result.draft_tokens, result.accepted
         rows, offsets = result.draft_logits, {}
         if proposed is not None:
@@ -153,7 +196,7 @@ class Speculation:
             sim_accepted = {}
         accepted = dict.fromkeys(drafts, 0)
         got: list[Sequence] = []
-        live = list(drafts)
+        live = [s for s in drafts if s not in padded] if padded else list(drafts)
         j = 0
         while live:
             j += 1  # the last token sampled verified draft j
@@ -203,7 +246,7 @@ class Speculation:
             if seq.num_computed_tokens > verified:
                 seq.num_computed_tokens = verified
             keep = -(-verified // bs)
-            if len(table) > keep:
+            if len(table) > keep and not self.vllm:  # vLLM keeps them until the request ends
                 pool.release(table[keep:])
                 del table[keep:]
             full = verified // bs
