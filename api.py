@@ -49,6 +49,7 @@ from .core.step.plan import StepPlan
 from .core.workloads.generators import generate
 from .core.workloads.items import Workload, WorkloadItem
 from .core.workloads.specs import FixedLength, LognormalLength, SyntheticSpec, TenantSpec, UniformLength, load_spec
+from .executors.cost_models import CostModel, make_cost_model
 from .testing import ConformanceError, ConformanceReport, check_plugin
 
 __all__ = [
@@ -76,6 +77,8 @@ __all__ = [
     "check_plugin", "ConformanceError", "ConformanceReport",
     # comparing arms that differ in policy stack, engine config and cost model, on the same draws
     "Arm", "compare_arms",
+    # pricing a step's work (the simulator's cost models), for plugins that weigh work by its cost
+    "CostModel", "make_cost_model",
 ]
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from metroline.api import PluginOptions, Sequence, StepPlan, hookimpl, take_options
+from metroline.api import PluginOptions, Sequence, StepPlan, hookimpl, make_cost_model, take_options
 
 
 class AdaptiveSpeculation:
@@ -83,8 +83,6 @@ class AdaptiveSpeculation:
             return rows
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from metroline.executors.cost_models import make_cost_model
-
         self.options = take_options(self, args, kwargs)
         try:
             self.cost = make_cost_model(self.options.cost_model, **self.options.cost_params)

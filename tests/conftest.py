@@ -14,6 +14,15 @@ from typing import Any
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share the cores, one torch thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        torch.set_num_threads(1)
+
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
 from metroline.core.step.plan import StepPlan, StepResult
@@ -146,13 +155,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "xdist_group(name): run in the one worker process of its group (pytest-xdist)")
     if not config.getoption("--runslow"):
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    group_for_workers(items)
     for item in items:
         if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
@@ -162,26 +169,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)
-
-
-# --- running in worker processes (pytest-xdist) ----------------------------------------------------
-
-RAY_TESTS = {("test_ray_runner.py", None), ("test_serve_replicas.py", "test_ray_actors_serve_as_replicas")}
-"""(file name, test function or None for the whole file) of the tests that start a local Ray cluster."""
-
-
-def group_for_workers(items: list[pytest.Item]) -> None:
-    """Mark the tests that must share a worker process under `pytest -n N --dist loadgroup` (what
-    `.ci/run` runs): those that start a local Ray cluster, one cluster at a time (group `ray`); and
-    a test using a module- or class-scoped fixture, with the rest of its file, so that the fixture
-    (a model, a server, a built document) is made once. The other tests go to whichever worker is free."""
-    for item in items:
-        name = item.path.name
-        if {(name, None), (name, getattr(item, "originalname", item.name))} & RAY_TESTS:
-            group = "ray"
-        elif any(defs[-1].scope in ("module", "class", "package")
-                 for defs in getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.values() or ()):
-            group = name
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))

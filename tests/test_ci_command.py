@@ -18,4 +18,4 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     readme = [line for line in logical_lines((ROOT / "README.md").read_text()) if "pip install -q -e '.[test]'" in line]
     ci = [line for line in logical_lines((ROOT / ".ci" / "run").read_text()) if "pip install -q -e '.[test]'" in line]
     assert len(readme) == 1 and ci == readme
-    assert readme[0].endswith("python -m pytest --runslow -n 2 --dist loadgroup")
+    assert readme[0].endswith("python -m pytest --runslow -n 2 --dist loadfile")

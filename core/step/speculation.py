@@ -126,6 +126,10 @@ class Speculation:
         if not self.vllm:
             k = min(k, seq.sampling.max_new_tokens - (len(token_ids) - seq.num_prompt_tokens) - 1)
         elif k > 0:  # vLLM's Scheduler.schedule: allocate_slots(1 + k, lookahead), preempting on failure
+            # but never more slots than the whole pool holds: preempting itself for them would
+            # repeat at every step (vLLM's pool always holds a max_model_len context; ours may not)
+            k = min(k, pool.num_blocks * pool.block_size - seq.num_computed_tokens - 1 - self.lookahead)
+        if self.vllm and k > 0:
             if room.grow(seq, 1 + k + self.lookahead, step):
                 step.schedule(seq, 1 + k, True, k)
             return
