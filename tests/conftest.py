@@ -159,18 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
 
 
-LONGEST_FILES = (
-    "test_deterministic_smollm2.py", "test_multiplicity.py", "test_ab_trials.py", "test_deterministic_cli.py",
-    "test_progress.py", "test_canary_trials.py", "test_deterministic.py", "test_serve_replicas.py",
-)
-"""The test files that take longest under `--runslow` (measured with `--durations`), longest first:
-they run first, so that `pytest -n 2 --dist loadfile`'s workers end together rather than one of
-them finishing a long file alone at the end."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
     for item in items:
         if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
