@@ -319,8 +319,10 @@ class _Handle:
 
 
 def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
-    """A `Proxy` over two live replicas whose first `timeouts` connections time out (httpx's own
+    """A `Proxy` over two live replicas whose first `timeouts` connections time out (httpx2's own
     transport for answers, no network); (proxy, views, ports asked in order)."""
+    import httpx2
+
     from metroline.core.serving.front_health import Health
     from metroline.core.serving.front_metrics import FrontMetrics
     from metroline.core.serving.front_proxy import Proxy
@@ -328,17 +330,17 @@ def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
 
     asked: list[int] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx2.Request) -> httpx2.Response:
         asked.append(request.url.port)
         if len(asked) <= timeouts:
-            raise httpx.ConnectTimeout("the replica's accept queue is full", request=request)
-        return httpx.Response(200, text="ok")
+            raise httpx2.ConnectTimeout("the replica's accept queue is full", request=request)
+        return httpx2.Response(200, text="ok")
 
     views = [RemoteView(i, f"r{i}", "default") for i in range(2)]
     health = Health([_Handle(9000 + i) for i in range(2)], views, FrontMetrics([(v.name, v.pool) for v in views]),
                     1.0, 3.0, 0.05, lambda view, reason: None)
     proxy = Proxy(health, health.metrics, None)
-    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    proxy.client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
     return proxy, views, asked
 
 

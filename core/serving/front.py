@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpx2
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -197,7 +197,7 @@ class Front:
             content = await until_disconnect(http, upstream.aread())
         except _Gone:
             return Response(status_code=499)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
             return error(502, await self.health.failure(view, exc))
         finally:
@@ -229,7 +229,10 @@ class Front:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         client = self.proxy.client = make_client()
-        poller = self._poller = asyncio.create_task(self.health.run(client))
+        # the health checks' own few connections: a poll never walks the streams' pool, nor a
+        # stream the polls'
+        polls = make_client(max_idle=2 * len(self.replicas))
+        poller = self._poller = asyncio.create_task(self.health.run(polls))
         try:
             yield
         finally:
@@ -237,6 +240,7 @@ class Front:
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
             await client.aclose()
+            await polls.aclose()
             if self._stop_replicas is not None:
                 await asyncio.to_thread(self._stop_replicas, self.replicas)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpx2
 
 from .front_metrics import FrontMetrics
 from .remote_view import RemoteView
@@ -80,13 +80,13 @@ class Health:
                     break
                 await asyncio.sleep(0.01)
         why = handle.why_down()
-        refused = isinstance(exc, httpx.ConnectError)
+        refused = isinstance(exc, httpx2.ConnectError)
         reason = "connection refused" if refused else "connection lost"
         if refused or not handle.is_alive():
             self.mark_down(view, f"{reason} ({why or type(exc).__name__})")
         return f"replica {view.name} failed: {reason}" + (f" ({why})" if why else "")
 
-    async def poll(self, view: RemoteView, client: httpx.AsyncClient) -> None:
+    async def poll(self, view: RemoteView, client: httpx2.AsyncClient) -> None:
         handle = self.replicas[view.slot]
         if not handle.is_alive():
             view.state = {}
@@ -95,10 +95,10 @@ class Health:
         now = time.monotonic()
         try:
             r = await client.get(handle.url + "/v1/replica/state", timeout=self.timeout_s)
-        except httpx.ConnectError as exc:
+        except httpx2.ConnectError as exc:
             self.mark_down(view, f"connection refused ({handle.why_down() or type(exc).__name__})")
             return
-        except httpx.TransportError:
+        except httpx2.TransportError:
             r = None
         if r is not None and r.status_code == 200:
             view.update(r.json())
@@ -108,7 +108,7 @@ class Health:
             # (never the last one for slowness alone: with every replica slow, the machine is)
             self.mark_down(view, f"no answer to its health check for {self.down_after_s:g} s")
 
-    async def run(self, client: httpx.AsyncClient) -> None:
+    async def run(self, client: httpx2.AsyncClient) -> None:
         """Poll every replica whose process lives, every `poll_s` seconds, until cancelled."""
         while True:
             await asyncio.gather(*(self.poll(v, client) for v in self.views

@@ -8,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
+import httpx2
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
@@ -96,6 +96,6 @@ class FrontPages:
         headers = {k: v for k, v in http.headers.items() if k == "authorization"}
         try:
             r = await self.proxy.client.get(self.replicas[view.slot].url + "/metrics", timeout=5.0, headers=headers)
-        except httpx.TransportError as exc:
+        except httpx2.TransportError as exc:
             return error(502, f"replica {name} failed: {type(exc).__name__}")
         return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))

@@ -8,9 +8,13 @@ once it has begun answering, ends the request: 502 in OpenAI's error shape, or f
 `Proxy.cut(slot, message)` ends the streams in flight at one replica (marked down) or all of them
 (a drain that ran out of time) the same way.
 
-The client is httpx's, with its pool limits and timeouts: a connection is opened within
-`CONNECT_S`, an idle one is let go before the replicas' uvicorn closes it (`KEEP_ALIVE_S`), and
-no read timeout (a request may wait in a replica's queue; a frozen replica is the health check's).
+The client is httpx2's (the maintained httpx: the same API, and a connection pool whose every
+request costs O(connections), where httpx 0.x's httpcore scanned every connection for each idle
+one, O(connections²), most of the front's CPU with hundreds of streams open), with its pool limits
+and timeouts: a connection is opened within `CONNECT_S`, an idle one is let go before the
+replicas' uvicorn closes it (`KEEP_ALIVE_S`), and no read timeout (a request may wait in a
+replica's queue; a frozen replica is the health check's). The relay hands the replica's bytes on
+as they come (`aiter_raw`): no SSE event is parsed, only counted for a canary's timings.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import httpx2
 
 from ..cluster.view import RouteRequest
 from . import protocol as p
@@ -31,9 +35,9 @@ from .remote_view import RemoteView
 from .server import KEEP_ALIVE_S
 
 CONNECT_S = 2.0
-_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_NEVER_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
 """Errors before a connection was had: the request is sent to another replica."""
-_RESET = (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError)
+_RESET = (httpx2.RemoteProtocolError, httpx2.WriteError, httpx2.ReadError)
 """Errors of a connection closed before any answer: a reused idle connection the server had
 closed, when the replica lives on (sent again, to another replica); a replica that died with the
 request (502: it may have begun computing it)."""
@@ -43,9 +47,10 @@ RETRY_PAUSE_S = 0.05
 """The pause before trying every replica again, times the attempts made (a connect storm eases)."""
 
 
-def make_client() -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=KEEP_ALIVE_S / 2)
-    return httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=CONNECT_S, read=None, pool=CONNECT_S),
+def make_client(max_idle: int = 512) -> httpx2.AsyncClient:
+    """The front's client to its replicas: at most `max_idle` idle connections kept."""
+    limits = httpx2.Limits(max_connections=None, max_keepalive_connections=max_idle, keepalive_expiry=KEEP_ALIVE_S / 2)
+    return httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, connect=CONNECT_S, read=None, pool=CONNECT_S),
                              limits=limits)
 
 
@@ -65,12 +70,12 @@ class Proxy:
         self.health = health
         self.metrics = metrics
         self.canary = canary
-        self.client: httpx.AsyncClient | None = None
-        self.streams: dict[int, dict[httpx.Response, list[str]]] = {}
+        self.client: httpx2.AsyncClient | None = None
+        self.streams: dict[int, dict[httpx2.Response, list[str]]] = {}
         """slot -> {upstream response of a stream in flight there: [why it was cut, if it was]}."""
 
     async def dispatch(self, route: Any, request: RouteRequest, tokens: int, path: str, raw: bytes,
-                       headers: dict[str, str]) -> tuple[RemoteView, httpx.Response] | Any:
+                       headers: dict[str, str]) -> tuple[RemoteView, httpx2.Response] | Any:
         """(view, upstream response with its headers read) of the replica that took the request;
         `route(tried)` chooses a view among the live ones not in `tried` (or answers a response:
         a refusal, returned as it is)."""
@@ -101,7 +106,7 @@ class Proxy:
                     self.client.build_request("POST", handle.url + path, content=raw, headers=headers), stream=True)
             except BaseException as exc:
                 view.outstanding.end(request.request_id)
-                if not isinstance(exc, httpx.TransportError):
+                if not isinstance(exc, httpx2.TransportError):
                     raise
                 last = await self.health.failure(view, exc)
                 if isinstance(exc, _NEVER_SENT) or (isinstance(exc, _RESET) and handle.is_alive()):
@@ -131,7 +136,7 @@ class Proxy:
                         why.append(message)
                         asyncio.ensure_future(upstream.aclose())
 
-    async def relay(self, upstream: httpx.Response, view: RemoteView, request_id: str,
+    async def relay(self, upstream: httpx2.Response, view: RemoteView, request_id: str,
                     started: float) -> AsyncIterator[bytes]:
         """The replica's server-sent events, chunk by chunk; a lost connection (or a cut) ends the
         stream with an error event naming the replica, then `[DONE]`."""
@@ -155,7 +160,7 @@ class Proxy:
                 yield chunk
             if self.canary is not None:
                 self.canary.record(view.slot, started, first_event, last_event, events, time.monotonic())
-        except (httpx.TransportError, httpx.StreamError) as exc:
+        except (httpx2.TransportError, httpx2.StreamError) as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()  # ended with its replica, however
             message = why[0] if why else await self.health.failure(view, exc)
             yield (b"" if complete else b"\n\n") + p.sse(p.error_body(message, "server_error")) + p.DONE
