@@ -318,10 +318,17 @@ class _Handle:
         return None
 
 
+class _Answered:
+    """What `Proxy.dispatch` returns of a replica that answered: its status."""
+
+    status = 200
+
+
 def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
-    """A `Proxy` over two live replicas whose first `timeouts` connections time out (httpx2's own
-    transport for answers, no network); (proxy, views, ports asked in order)."""
-    import httpx2
+    """A `Proxy` over two live replicas whose first `timeouts` connections time out (a client that
+    raises aiohttp's connect timeout, or answers 200, without a network); (proxy, views, ports asked
+    in order)."""
+    import aiohttp
 
     from metroline.core.serving.front_health import Health
     from metroline.core.serving.front_metrics import FrontMetrics
@@ -330,17 +337,18 @@ def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
 
     asked: list[int] = []
 
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        asked.append(request.url.port)
-        if len(asked) <= timeouts:
-            raise httpx2.ConnectTimeout("the replica's accept queue is full", request=request)
-        return httpx2.Response(200, text="ok")
+    class Client:
+        async def post(self, url: str, data: bytes, headers: dict) -> _Answered:
+            asked.append(int(url.rpartition(":")[2].partition("/")[0]))
+            if len(asked) <= timeouts:
+                raise aiohttp.ConnectionTimeoutError("the replica's accept queue is full")
+            return _Answered()
 
     views = [RemoteView(i, f"r{i}", "default") for i in range(2)]
     health = Health([_Handle(9000 + i) for i in range(2)], views, FrontMetrics([(v.name, v.pool) for v in views]),
                     1.0, 3.0, 0.05, lambda view, reason: None)
     proxy = Proxy(health, health.metrics, None)
-    proxy.client = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    proxy.client = Client()
     return proxy, views, asked
 
 
@@ -358,7 +366,7 @@ def test_a_request_no_busy_replica_took_is_tried_on_all_again_and_never_marks_on
     proxy, views, asked = _proxy(timeouts=3)
     request = RouteRequest("q", 0.0, [1, 2, 3], 4)
     view, upstream = asyncio.run(proxy.dispatch(_first_untried(proxy.health), request, 7, "/v1/completions", b"{}", {}))
-    assert asked == [9000, 9001, 9000, 9001] and view is views[1] and upstream.status_code == 200
+    assert asked == [9000, 9001, 9000, 9001] and view is views[1] and upstream.status == 200
     assert all(v.up for v in views) and views[0].outstanding_requests == 0 and views[1].outstanding_requests == 1
 
 

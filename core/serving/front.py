@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx2
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -39,7 +38,7 @@ from .front_canary import FrontCanary
 from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
-from .front_proxy import Failed, Proxy, make_client
+from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
 from .reading import Refused, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
@@ -188,22 +187,22 @@ class Front:
         if isinstance(got, Response):
             return got
         view, upstream = got
-        out_headers = {k: v for k, v in upstream.headers.items() if k in _RETURNED}
+        out_headers = {k.lower(): v for k, v in upstream.headers.items() if k.lower() in _RETURNED}
         out_headers[REPLICA_HEADER] = view.name
-        if body.stream and upstream.status_code == 200:
+        if body.stream and upstream.status == 200:
             return StreamingResponse(self.proxy.relay(upstream, view, request.request_id, started),
                                      status_code=200, headers=out_headers)
         try:
-            content = await until_disconnect(http, upstream.aread())
+            content = await until_disconnect(http, upstream.read())
         except _Gone:
             return Response(status_code=499)
-        except httpx2.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
             return error(502, await self.health.failure(view, exc))
         finally:
-            await upstream.aclose()
+            upstream.release()  # read whole, back to the pool; else closed (the replica sees it)
             self.proxy.ended(view, request.request_id, started)
-        return Response(content, status_code=upstream.status_code, headers=out_headers)
+        return Response(content, status_code=upstream.status, headers=out_headers)
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -229,9 +228,8 @@ class Front:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         client = self.proxy.client = make_client()
-        # the health checks' own few connections: a poll never walks the streams' pool, nor a
-        # stream the polls'
-        polls = make_client(max_idle=2 * len(self.replicas))
+        polls = make_client()  # the health checks' own few connections
+
         poller = self._poller = asyncio.create_task(self.health.run(polls))
         try:
             yield
@@ -239,8 +237,8 @@ class Front:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-            await client.aclose()
-            await polls.aclose()
+            await client.close()
+            await polls.close()
             if self._stop_replicas is not None:
                 await asyncio.to_thread(self._stop_replicas, self.replicas)
 
