@@ -37,7 +37,9 @@ class ShadowKV(SimulatedExecutor):
     """The simulated executor, plus a model of KV memory checked at every step.
 
     A slot holds a key of the prefix of tokens its KV was computed from (tokens 0..p for the token
-    at position p, as a chained hash). Before the forward, the plan's block operations run in order; then every
+    at position p, as a chained hash); a draft token's slot holds a draft label until its step's
+    verification has accepted it (then its token's key, as the KV of a draft equal to the token is that
+    token's) or for good. Before the forward, the plan's block operations run in order; then every
     scheduled token is written at its slot; then every scheduled sequence reads its whole context
     (positions 0 .. start + n - 1) and each slot must hold that sequence's own prefix. The pool's
     invariant (free + used + evictable = pool, reference counts equal to the live tables') is
