@@ -21,11 +21,14 @@ a `RouteRequest` whose salted chain the front hashed with the tokenization, off 
 prompt it had not been routed: 4, or all 64); `front, hash a new prompt` the hashing done off the
 loop per request (a new `SaltedPrompt` of 1,088 tokens, its first `MAX_ESTIMATE_BLOCKS` blocks).
 
-Each figure is the best of `--repeats` (5) repetitions of `--calls` calls, given twice: the process's CPU time
-(`time.process_time`: what routing cost, without the waits for a core of an oversubscribed
-machine) and wall time (`time.perf_counter`).
+Each figure is the best of `--repeats` (200) repetitions of `--calls` (500) calls, given twice:
+the process's CPU time (`time.process_time`: what routing cost, without the waits for a core of an
+oversubscribed machine) and wall time (`time.perf_counter`). Short repetitions, many of them: on a
+machine whose cores (or their hyperthread siblings) are shared, other processes also slow the CPU
+time of the code while they run beside it, and the best of many short windows is one that ran
+alone.
 
-Run:  python bench/routing_overhead.py [--replicas 8] [--calls 20000] [--repeats 5] [--prompt 1024]
+Run:  python bench/routing_overhead.py [--replicas 8] [--calls 500] [--repeats 200] [--prompt 1024]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def replicas(n: int, prompt: int) -> tuple:
     return tuple(views)
 
 
-REPEATS = 5
+REPEATS = 200
 
 
 def timed(call, calls: int, fresh=None) -> tuple[float, float]:
@@ -124,7 +127,7 @@ def main() -> None:
     global REPEATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=8)
-    ap.add_argument("--calls", type=int, default=20_000)
+    ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--prompt", type=int, default=1024)
     args = ap.parse_args()

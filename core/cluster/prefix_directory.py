@@ -122,14 +122,14 @@ class PrefixDirectory:
             guess = n
         lo, hi = 0, n  # the first lo blocks are held, the answer is at most hi
         h = chain[guess - 1][0]
-        if young(h, 0) & among or old(h, 0) & among:
+        mask = (young(h, 0) | old(h, 0)) & among
+        if mask:
             if guess == n:
-                return n, (young(h, 0) | old(h, 0)) & among
+                return n, mask
             h = chain[guess][0]
-            if young(h, 0) & among or old(h, 0) & among:
-                lo = guess + 1
-            else:
-                lo = hi = guess
+            if not (young(h, 0) & among or old(h, 0) & among):
+                return guess, mask
+            lo = guess + 1
         else:
             hi = guess - 1
         while lo < hi:
