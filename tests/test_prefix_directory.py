@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_route_prefix_fast import plain_prefix_aware  # the per-replica walk, as the router was
+
 from metroline.api import PrefixDirectory, ReplicaView, RouteRequest
 from metroline.core.cluster.router import make_router
 from metroline.core.cluster.simulation import run_cluster
@@ -35,20 +37,6 @@ def plain_longest(directory, chain, bits):
     hits = {b: plain_hit(directory, chain, b) for b in bits}
     top = max(hits.values(), default=0)
     return (top, sum(b for b, h in hits.items() if h == top)) if top else (0, 0)
-
-
-def plain_prefix_aware(request, replicas, load_bound):
-    """The per-replica walk (`prefix_hit` of each view within the bound), as the router was."""
-    loads = [r.outstanding_requests for r in replicas]
-    least = min(range(len(replicas)), key=loads.__getitem__)
-    best, best_hit = least, 0
-    for r in replicas:
-        if loads[r.index] > loads[least] + load_bound:
-            continue
-        hit = r.prefix_hit(request)
-        if hit > best_hit or (hit == best_hit and hit and loads[r.index] < loads[best]):
-            best, best_hit = r.index, hit
-    return best
 
 
 def prompts(rng, count, vocab=50):
