@@ -167,6 +167,12 @@ def test_views_without_one_shared_directory_are_asked_one_by_one():
     engines = [ReplicaView(i, f"r{i}", "default", "fcfs", None, Outstanding(), directory, 1 << i) for i in range(2)]
     engines[1].routed(request)
     assert make_router("prefix_aware").choose(request, tuple(engines)) == 1
+    # views of one directory without a distinct bit each: asked one by one, not misread
+    same = tuple(RemoteView(i, f"r{i}", "default", prefix_directory=directory) for i in range(2))
+    for v in same:
+        v.prefix_bit = 1
+    same[0].outstanding.add("q", 1)
+    assert make_router("prefix_aware").choose(request, same) == plain_prefix_aware(request, same, 8)
 
 
 def test_the_simulated_cluster_records_what_it_routes_and_keeps_a_prefix_on_its_replica():

@@ -88,7 +88,7 @@ class PrefixAwareRouter:
     def _learn(self, replicas) -> bool:
         """Take the directory, bits and `outstanding` of another tuple of views (a cluster keeps one
         tuple per set of live replicas and canary arm, and a view keeps them while in a tuple);
-        False when they share no directory (or with `ask_replicas`)."""
+        False when they share no directory, or have no distinct bits in it (or with `ask_replicas`)."""
         directory = replicas[0].prefix_directory
         if directory is None or self.ask_replicas:
             return False
@@ -99,6 +99,8 @@ class PrefixAwareRouter:
             bits = [r.prefix_bit for r in replicas]
             every = 0
             for bit in bits:
+                if bit <= 0 or bit & (bit - 1) or bit & every:
+                    return False  # not one distinct bit each: ask them one by one
                 every |= bit
             if len(self._known) >= 64:
                 self._known.clear()
