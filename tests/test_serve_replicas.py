@@ -175,7 +175,7 @@ def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_a
 
 def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_what_was_routed():
     from metroline.core.cluster.view import RouteRequest
-    from metroline.core.serving.remote_view import RemoteView, RoutedPrefixes
+    from metroline.core.serving.remote_view import RemoteView
 
     view = RemoteView(3, "r3", "long", prefix_capacity=4)
     view.update({"num_waiting": 2, "num_running": 5, "kv_used_blocks": 7, "kv_free_blocks": 9, "block_size": 4,
@@ -190,10 +190,11 @@ def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_w
     assert view.prefix_hit(RouteRequest("b", 0.0, [*range(8), 99, 99, 99, 99, 99], 8)) == 8  # 2 blocks shared
     assert view.prefix_hit_at_least(RouteRequest("c", 0.0, [*range(8), 99, 99, 99, 99, 99], 8), 9) == 0
     assert view.prefix_hit_at_least(first, 12) == 12 and view.prefix_hit_at_least(first, 13) == 0
-    prefixes = RoutedPrefixes(capacity=2)
-    prefixes.add(first.block_chain(4))
-    # the deepest block forgotten first (a prefix's start is kept, as a radix cache evicts leaves)
-    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 2
+    # the views of one front share its directory: what was routed to one is no hit on the other
+    other = RemoteView(4, "r4", "long", prefix_directory=view.prefix_directory)
+    assert other.prefix_bit != view.prefix_bit and other.prefix_hit(first) == 0
+    view.forget_prefixes()  # down (it may come back with an empty cache): nothing routed before counts
+    assert view.prefix_hit(first) == 0
 
 
 # --- a real model: a replica killed mid-stream ------------------------------------------------------

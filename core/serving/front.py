@@ -31,6 +31,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..cluster.prefix_directory import PrefixDirectory
 from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
@@ -48,6 +49,8 @@ _FORWARDED = ("authorization", "content-type", "accept")
 _RETURNED = ("content-type", "retry-after")
 REPLICA_HEADER = "x-metroline-replica"
 """The response header naming the replica that served a request (never on a refusal)."""
+PREFIX_BLOCKS_PER_REPLICA = 65536
+"""The front's prefix directory holds about this many blocks per replica (1M tokens at 16 a block)."""
 ROUTE_CHARS = 65536
 """The characters of a text prompt the front tokenizes to route it (the replica tokenizes it all)."""
 
@@ -86,7 +89,10 @@ class Front:
                  poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
                  canary: Callable[[Any], FrontCanary] | None = None) -> None:
         self.replicas = list(replicas)
-        self.views = [RemoteView(i, r.name, r.pool) for i, r in enumerate(self.replicas)]
+        self.prefixes = PrefixDirectory(PREFIX_BLOCKS_PER_REPLICA * max(1, len(self.replicas)))
+        """The blocks of the prompts routed to each replica (`prefix_aware`'s estimate), shared by the views."""
+        self.views = [RemoteView(i, r.name, r.pool, prefix_directory=self.prefixes)
+                      for i, r in enumerate(self.replicas)]
         self.router = router
         self.serve = serve
         self.tenants = Tenants(serve)
@@ -112,6 +118,7 @@ class Front:
 
     def _down(self, view: RemoteView, reason: str) -> None:
         self.proxy.cut(view.slot, f"replica {view.name} failed: {reason}")
+        view.forget_prefixes()  # it may come back restarted, its cache empty
 
     # --- routing and proxying ---------------------------------------------------------------------
 
@@ -127,7 +134,9 @@ class Front:
         if self.serve.salted:
             prompt = SaltedPrompt(prompt, self.tenants.cache_salt(tenant) or tenant)
         max_new = body.max_completion_tokens or body.max_tokens or self.serve.default_max_tokens or 256
-        return RouteRequest(uuid.uuid4().hex, time.monotonic(), prompt, max_new, tenant, body.priority or 0)
+        request = RouteRequest(uuid.uuid4().hex, time.monotonic(), prompt, max_new, tenant, body.priority or 0)
+        request.block_chain(self.prefixes.block_size, self.prefixes.max_blocks)  # hashed here, off the loop
+        return request
 
     async def chat(self, http: HTTPRequest) -> Response:
         return await self._complete(http, "/v1/chat/completions", chat=True)
