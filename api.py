@@ -27,6 +27,7 @@ The engine's embedding API (`Engine`, `EngineConfig`, the commands) is not part 
 
 from __future__ import annotations
 
+from .core.cluster.prefix_directory import PrefixDirectory
 from .core.cluster.view import Refuse, ReplicaView, RouteRequest
 from .core.experiments.arms import Arm, compare_arms
 from .core.errors import NoProgressError, PluginError, PluginLoadError, RequestRefused
@@ -61,7 +62,7 @@ __all__ = [
     # what hooks answer
     "Candidates", "close_candidates", "Split", "shares_problem", "Preempt", "RECOMPUTE", "SWAP", "is_protected",
     # what the route hook sees and answers (a cluster's router)
-    "RouteRequest", "ReplicaView", "Refuse",
+    "RouteRequest", "ReplicaView", "Refuse", "PrefixDirectory",
     # helpers for policies
     "LazyHeap", "ArrivalQueue", "arrival_key", "queued_in_order", "last_admitted", "last_admitted_victim",
     "PromptsInFlight", "missing_blocks",

@@ -470,17 +470,30 @@ def _load(url: str, args: argparse.Namespace, rate: float, duration: float, max_
     return doc
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process `pid` itself has used (not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _compare_front(args: argparse.Namespace, duration: float, max_clients: int) -> None:
     """The same load through the front of `args.front` replicas and, at 1/N of the rate, straight
-    to one server: TTFT, ITL and statuses of both, and the front's p99 TTFT overhead."""
+    to one server: TTFT, ITL and statuses of both, the front's p99 TTFT overhead, and the CPU time
+    of the front's own process (the single server's process) per request sent: what the front
+    costs per streamed request, a figure a machine busy with other work does not move much."""
     n = args.front
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for label, replicas, rate, runs in ((f"front of {n}", n, args.rate, args.runs),
                                            ("single server", 1, args.rate / n, 1)):
             proc, url = _serve(Path(folder), args.cost_model, replicas, args.max_num_seqs)
+            cpu = 0.0
             try:
-                docs = [_load(url, args, rate, duration, max_clients, args.seed + run) for run in range(runs)]
+                docs = []
+                for run in range(runs):
+                    before = _cpu_s(proc.pid)
+                    docs.append(_load(url, args, rate, duration, max_clients, args.seed + run))
+                    cpu += _cpu_s(proc.pid) - before
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)
@@ -489,13 +502,15 @@ def _compare_front(args: argparse.Namespace, duration: float, max_clients: int) 
             ttft = [r["times"][0] - r["start"] for r in ok]
             itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:])]
             statuses = Counter(str(r["status"]) for r in results)
-            rows.append((label, rate, runs, ttft, itl, statuses, sum(d["dropped"] for d in docs)))
+            rows.append((label, rate, runs, ttft, itl, statuses, sum(d["dropped"] for d in docs),
+                         cpu / max(1, len(results))))
     print(f"{args.rate:g} streams/s for {duration:g} s through the front of {n} replicas ({args.runs} runs), "
           f"{args.rate / n:g}/s straight to one server; simulated executor ({args.cost_model}), load average "
           f"{os.getloadavg()[0]:.1f}")
-    for label, rate, runs, ttft, itl, statuses, dropped in rows:
+    for label, rate, runs, ttft, itl, statuses, dropped, cpu in rows:
         print(f"{label:<14} {rate:6.1f}/s  TTFT ms p50 {1e3 * pct(ttft, 50):7.2f} p99 {1e3 * pct(ttft, 99):7.2f}  "
-              f"ITL ms p50 {1e3 * pct(itl, 50):6.2f} p99 {1e3 * pct(itl, 99):6.2f}  statuses {dict(statuses)}"
+              f"ITL ms p50 {1e3 * pct(itl, 50):6.2f} p99 {1e3 * pct(itl, 99):6.2f}  "
+              f"process CPU {1e6 * cpu:7.0f} us/request  statuses {dict(statuses)}"
               f"{f'  dropped (client cap) {dropped}' if dropped else ''}")
     front, single = rows[0][3], rows[1][3]
     print(f"front p99 TTFT overhead: {1e3 * (pct(front, 99) - pct(single, 99)):+.2f} ms "

@@ -18,8 +18,8 @@ engine, `--seeds` redraws, the arms of `bench/spec_arms.toml` (`adaptive_specula
 5 drafts, k = 1..5, no speculation; each request's acceptance drawn from Beta around 0.6,
 concentration 4, keyed on request and position so the arms are paired) run by `compare_arms`, as
 `metroline compare --arms bench/spec_arms.toml` runs them: P99 TPOT of each arm with the 95 %
-interval of its paired difference from the adaptive arm and the verdict, Holm-controlled over the
-whole table of metrics.
+interval of its paired difference from the adaptive arm and the verdict, controlled over the
+whole table of metrics (`--correction`: maxt, the default, holm or none, as `compare --correction`).
 
 `--tail N` (with part 2): which requests make the P99 TPOT, on the first draw, for the adaptive
 arm and each arm named by `--tail-arms`: the N requests of largest TPOT with their first-token and
@@ -47,6 +47,7 @@ from metroline.core.experiments.arms import compare_arms, load_arms  # noqa: E40
 from metroline.core.requests.request import SamplingParams  # noqa: E402
 from metroline.core.results.collector import DECODING, TIME_S  # noqa: E402
 from metroline.core.requests.sequence import Sequence  # noqa: E402
+from metroline.core.results.min_effect import CORRECTIONS, DEFAULT_CORRECTION  # noqa: E402
 from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
@@ -93,11 +94,11 @@ def part2(args: argparse.Namespace) -> None:
     arms = load_arms(ARMS)
     print(f"== part 2: P99 TPOT at high load: azure-conv, first {args.requests} requests x{args.load} rate, batch 64, "
           f"{args.seeds} seeds (paired), the arms of {ARMS.relative_to(ARMS.parents[1])} (acceptance Beta around 0.6, "
-          "concentration 4); verdicts Holm-controlled over the whole table, as `compare --arms` gives them")
+          f"concentration 4); verdicts controlled over the whole table ({args.correction}), as `compare --arms` gives them")
     seeds = list(range(args.seeds))
     draws = [build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=s) for s in seeds]
     config = EngineConfig(max_num_seqs=64, num_blocks=8192)
-    result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs)
+    result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs, correction=args.correction)
     table = result["comparison"]["policies"]
     base = arms[0].name
     for key, title, scale, unit in (("summary.tpot_s.p99", "P99 TPOT", 1e3, "ms"), ("summary.tpot_s.mean", "mean TPOT", 1e3, "ms"),
@@ -145,6 +146,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--jobs", type=int, default=2, help="part 2's worker processes")
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--correction", choices=CORRECTIONS, default=DEFAULT_CORRECTION, help="part 2's family-wise correction")
     p.add_argument("--draft-cost", type=float, default=0.05)
     p.add_argument("--part", type=int, choices=(1, 2))
     p.add_argument("--tail", type=int, default=0, help="part 2: print the N largest TPOTs of draw 0 per arm")

@@ -153,7 +153,7 @@ num_prefixes = 12
 
 
 def test_compare_routers_over_seeds_gives_verdicts(tmp_path):
-    # 5 draws: the verdicts are Holm-corrected over the whole table (3 draws cannot clear it)
+    # 5 draws: too few for max-T at 5%, so Holm over the whole table (3 draws cannot clear it)
     out, spec = tmp_path / "cmp.json", tmp_path / "prefixes.toml"
     spec.write_text(PREFIXES)  # 12 system prompts, and room for about 4 of them per replica
     assert cli.main(["compare", "--routers", "round_robin,prefix_aware", "--replicas", "3", "--workload",

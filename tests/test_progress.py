@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from conftest import assert_pool_drained, live_tables, tokens
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -36,7 +37,9 @@ class ShadowKV(SimulatedExecutor):
     """The simulated executor, plus a model of KV memory checked at every step.
 
     A slot holds a key of the prefix of tokens its KV was computed from (tokens 0..p for the token
-    at position p, as a chained hash). Before the forward, the plan's block operations run in order; then every
+    at position p, as a chained hash); a draft token's slot holds a draft label until its step's
+    verification has accepted it (then its token's key, as the KV of a draft equal to the token is that
+    token's) or for good. Before the forward, the plan's block operations run in order; then every
     scheduled token is written at its slot; then every scheduled sequence reads its whole context
     (positions 0 .. start + n - 1) and each slot must hold that sequence's own prefix. The pool's
     invariant (free + used + evictable = pool, reference counts equal to the live tables') is
@@ -63,6 +66,16 @@ class ShadowKV(SimulatedExecutor):
     def execute(self, plan: StepPlan) -> StepResult:
         engine = self.engine
         engine.pool.check_invariants(live_tables(engine))
+        bs = plan.block_size
+        # an accepted draft's KV is its token's: it became real. Resolved before this step's block
+        # ops, on the memory the last step left: since then the scheduler may have swapped or
+        # preempted the sequence (its table is not the drafting step's any more). Verification
+        # appended the accepted drafts and one more token, so draft position p was accepted iff
+        # p < len(token_ids) - 1.
+        for seq, p, block in self.drafted:
+            if p < len(seq.token_ids) - 1 and self.device.get(block, {}).get(p % bs) == ("draft", seq.seq_id, p):
+                self.device[block][p % bs] = self.keys(seq)[p]
+        self.drafted = []
         for kind, src, dst in plan.block_ops:
             if kind == COPY:
                 self.device[dst] = dict(self.device.get(src, {}))
@@ -71,12 +84,6 @@ class ShadowKV(SimulatedExecutor):
             else:
                 assert kind == SWAP_IN
                 self.device[dst] = dict(self.host.pop(src))
-        bs = plan.block_size
-        for seq, p, block in self.drafted:  # an accepted draft's KV is its token's: it became real
-            if seq.num_computed_tokens > p and p // bs < len(seq.block_table) and seq.block_table[p // bs] == block:
-                if self.device.get(block, {}).get(p % bs) == ("draft", seq.seq_id, p):
-                    self.device[block][p % bs] = self.keys(seq)[p]
-        self.drafted = []
         for seq in plan.scheduled:
             table, keys = seq.block_table, self.keys(seq)
             for p in plan.positions(seq):
@@ -212,4 +219,40 @@ def test_every_request_finishes_and_reads_only_its_own_kv(scenario):
                 continue
             assert seq.finish_reason.value == "length", (seq, seq.finish_reason, seq.error)
             assert seq.num_output_tokens == r["sampling"]["max_new_tokens"]
+    assert_pool_drained(engine)
+
+
+@pytest.mark.parametrize("preset, num_blocks", [(None, 5), ("vllm", 8)])
+def test_an_accepted_draft_swapped_out_before_the_next_step_is_its_tokens_kv(preset, num_blocks):
+    """The shadow's own regression (the fuzz reported "r1#1 reads wrong KV" on correct schedules):
+    a sample whose draft is accepted in one step and is swapped out in the next one carries its
+    token's KV to the host and back. One request of one token, n = 2, blocks of one token: in step
+    2 each sample writes positions 1 and 2 (its draft, accepted); in step 3 the pool cannot hold
+    both samples' next slots (lean: the parent's plain decode; vllm: its 1 + k slots), so the
+    younger sample, r1#1, is the victim, swapped out with the block of its accepted draft."""
+    executor = ShadowKV()
+    plans = []
+    execute = executor.execute
+    executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
+    config = EngineConfig(
+        preset=preset, policy="fcfs", block_size=1, num_blocks=num_blocks, max_num_seqs=2, preemption_mode="swap",
+        swap_space_blocks=8, enable_prefix_caching=False,
+        speculative_config={"num_speculative_tokens": 1, "acceptance_rate": 1.0, "num_lookahead_tokens": 0},
+    )
+    engine = Engine(config, executor)
+    executor.engine = engine
+    engine.add_request({"request_id": "r1", "prompt_token_ids": [7], "sampling": {"max_new_tokens": 4, "n": 2}})
+    engine.step()
+    engine.step()
+    child = engine.sequences("r1")[1]
+    assert (child.num_computed_tokens, len(child.token_ids), child.num_accepted_tokens) == (3, 4, 1)
+    draft_block = child.block_table[2]  # position 2: the accepted draft's slot
+    engine.step()
+    assert engine.sequences("r1")[1] in engine.scheduler.swapped
+    (host,) = [dst for kind, src, dst in plans[-1].block_ops if kind == SWAP_OUT and src == draft_block]
+    assert executor.host[host] == {0: executor.keys(child)[2]}  # the token's KV, not a draft's
+    while engine.has_unfinished():
+        engine.step()
+    assert not executor.errors
+    assert [s.num_output_tokens for s in engine.sequences("r1")] == [4, 4]
     assert_pool_drained(engine)

@@ -175,7 +175,7 @@ def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_a
 
 def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_what_was_routed():
     from metroline.core.cluster.view import RouteRequest
-    from metroline.core.serving.remote_view import RemoteView, RoutedPrefixes
+    from metroline.core.serving.remote_view import RemoteView
 
     view = RemoteView(3, "r3", "long", prefix_capacity=4)
     view.update({"num_waiting": 2, "num_running": 5, "kv_used_blocks": 7, "kv_free_blocks": 9, "block_size": 4,
@@ -190,10 +190,11 @@ def test_the_remote_view_reads_the_polled_state_and_estimates_prefix_hits_from_w
     assert view.prefix_hit(RouteRequest("b", 0.0, [*range(8), 99, 99, 99, 99, 99], 8)) == 8  # 2 blocks shared
     assert view.prefix_hit_at_least(RouteRequest("c", 0.0, [*range(8), 99, 99, 99, 99, 99], 8), 9) == 0
     assert view.prefix_hit_at_least(first, 12) == 12 and view.prefix_hit_at_least(first, 13) == 0
-    prefixes = RoutedPrefixes(capacity=2)
-    prefixes.add(first.block_chain(4))
-    # the deepest block forgotten first (a prefix's start is kept, as a radix cache evicts leaves)
-    assert len(prefixes) == 2 and prefixes.hit_blocks(first.block_chain(4)) == 2
+    # the views of one front share its directory: what was routed to one is no hit on the other
+    other = RemoteView(4, "r4", "long", prefix_directory=view.prefix_directory)
+    assert other.prefix_bit != view.prefix_bit and other.prefix_hit(first) == 0
+    view.forget_prefixes()  # down (it may come back with an empty cache): nothing routed before counts
+    assert view.prefix_hit(first) == 0
 
 
 # --- a real model: a replica killed mid-stream ------------------------------------------------------
@@ -318,9 +319,18 @@ class _Handle:
         return None
 
 
+class _Answered:
+    """What `Proxy.dispatch` returns of a replica that answered: its status."""
+
+    status = 200
+
+
 def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
-    """A `Proxy` over two live replicas whose first `timeouts` connections time out (httpx's own
-    transport for answers, no network); (proxy, views, ports asked in order)."""
+    """A `Proxy` over two live replicas whose first `timeouts` connections time out (a client that
+    raises aiohttp's connect timeout, or answers 200, without a network); (proxy, views, ports asked
+    in order)."""
+    import aiohttp
+
     from metroline.core.serving.front_health import Health
     from metroline.core.serving.front_metrics import FrontMetrics
     from metroline.core.serving.front_proxy import Proxy
@@ -328,17 +338,18 @@ def _proxy(timeouts: int) -> tuple[object, list, list[int]]:
 
     asked: list[int] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.port)
-        if len(asked) <= timeouts:
-            raise httpx.ConnectTimeout("the replica's accept queue is full", request=request)
-        return httpx.Response(200, text="ok")
+    class Client:
+        async def post(self, url: str, data: bytes, headers: dict) -> _Answered:
+            asked.append(int(url.rpartition(":")[2].partition("/")[0]))
+            if len(asked) <= timeouts:
+                raise aiohttp.ConnectionTimeoutError("the replica's accept queue is full")
+            return _Answered()
 
     views = [RemoteView(i, f"r{i}", "default") for i in range(2)]
     health = Health([_Handle(9000 + i) for i in range(2)], views, FrontMetrics([(v.name, v.pool) for v in views]),
                     1.0, 3.0, 0.05, lambda view, reason: None)
     proxy = Proxy(health, health.metrics, None)
-    proxy.client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    proxy.client = Client()
     return proxy, views, asked
 
 
@@ -356,7 +367,7 @@ def test_a_request_no_busy_replica_took_is_tried_on_all_again_and_never_marks_on
     proxy, views, asked = _proxy(timeouts=3)
     request = RouteRequest("q", 0.0, [1, 2, 3], 4)
     view, upstream = asyncio.run(proxy.dispatch(_first_untried(proxy.health), request, 7, "/v1/completions", b"{}", {}))
-    assert asked == [9000, 9001, 9000, 9001] and view is views[1] and upstream.status_code == 200
+    assert asked == [9000, 9001, 9000, 9001] and view is views[1] and upstream.status == 200
     assert all(v.up for v in views) and views[0].outstanding_requests == 0 and views[1].outstanding_requests == 1
 
 

@@ -52,15 +52,29 @@ class Router:
             except (pluggy.PluginValidationError, ValueError) as exc:
                 raise PluginLoadError(f"router {name!r}: {exc}") from exc
         impls = pm.hook.route.get_hookimpls()
+        self._only: tuple[str, Any] | None = None  # (name, function) of a lone plain router
         if any(i.wrapper or i.hookwrapper for i in impls):
             self._chain = None  # through pluggy (wrappers); errors are named by the last plugin
             self._hook = pm.hook.route
         else:
             self._chain = [(i.plugin_name, i.function, tuple(i.argnames)) for i in reversed(impls)]
+            if len(self._chain) == 1 and self._chain[0][2] == ("request", "replicas"):
+                self._only = self._chain[0][:2]
         self.names = [n for n, _ in plugins]
 
     def choose(self, request: RouteRequest, replicas: tuple[ReplicaView, ...]) -> int | Refuse:
         """The index of the replica that serves `request`, or the router's `Refuse`."""
+        only = self._only
+        if only is not None:  # the usual case, once per request: one router, its answer an index
+            try:
+                answer = only[1](request, replicas)
+            except Exception as exc:
+                raise PluginError(only[0], "route", f"raised {type(exc).__name__}: {exc}") from exc
+            if type(answer) is int and 0 <= answer < len(replicas):
+                return answer
+            if answer is None:
+                raise PluginError(only[0], "route", "no router answered")
+            return self._check(only[0], answer, replicas)
         if self._chain is None:
             name = self.names[-1]
             try:

@@ -27,7 +27,7 @@ from ..workloads.build import Workload
 from .document import cluster_document
 from .router import Router, make_router
 from .spec import CANARY, DEFAULT_ROUTER, ClusterSpec, ReplicaPlan, cluster_spec
-from .targets import RouteTargets, replica_view
+from .targets import RouteTargets, cluster_directory, replica_view
 from .twins import canary_twins
 from .view import Outstanding, Refuse, RouteRequest
 
@@ -101,8 +101,9 @@ def run_cluster(
     build = executor_of or (lambda plan: make_executor())
     reps = [Replica(p, Engine(p.config, build(p), plugins=plugins(p.index) if plugins else (),
                               retain_finished=False), max_idle_steps) for p in plans]
+    directory = cluster_directory(plans)
     targets = RouteTargets(spec, plans, lambda i, pos: replica_view(plans[i], pos, reps[i].engine,
-                                                                    reps[i].outstanding))
+                                                                    reps[i].outstanding, directory))
     refused = MetricsCollector(config.max_num_seqs)
     until = measure.stop_s if measure is not None else math.inf
     wall = _loop(workload.items, reps, targets, router, refused, vocab_size, oracle_lengths, until)
@@ -152,3 +153,4 @@ def _arrive(item: Any, rid: str, reps: list[Replica], targets: RouteTargets, rou
     r.driver.before_arrival(item.arrival_s)
     if submit(r.engine, item, rid, vocab_size, oracle, data):
         r.outstanding.add(rid, item.prompt_len + item.output_len)
+        views[choice].routed(request)

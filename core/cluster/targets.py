@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .spec import BASELINE, CANARY, CanarySpec, ClusterSpec, ReplicaPlan
+from .prefix_directory import PrefixDirectory
 from .view import ReplicaView, RouteRequest
 
 
@@ -92,6 +93,13 @@ class RouteTargets:
         return table
 
 
-def replica_view(plan: ReplicaPlan, position: int, engine: Any, outstanding: Any) -> ReplicaView:
+def cluster_directory(plans: list[ReplicaPlan]) -> PrefixDirectory:
+    """The prefix directory of a simulated cluster: as many blocks as its replicas' pools hold
+    together, at the first replica's block size (replica `i`'s bit is `1 << i`)."""
+    return PrefixDirectory(max(2, sum(p.config.num_blocks for p in plans)), plans[0].config.block_size)
+
+
+def replica_view(plan: ReplicaPlan, position: int, engine: Any, outstanding: Any,
+                 directory: PrefixDirectory | None = None) -> ReplicaView:
     """The view of a simulated replica (an `Engine`) at `position`."""
-    return ReplicaView(position, plan.name, plan.pool, plan.policy, engine, outstanding)
+    return ReplicaView(position, plan.name, plan.pool, plan.policy, engine, outstanding, directory, 1 << plan.index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...kv_backends.prefix_index import block_chain
+from .prefix_directory import PrefixDirectory
 
 
 class RouteRequest:
@@ -26,21 +27,26 @@ class RouteRequest:
         self.max_new_tokens = max_new_tokens
         self.tenant = tenant
         self.priority = priority
-        self._chain: tuple[int, list] | None = None
+        self._chain: tuple[int, int | None, list] | None = None
 
-    def block_chain(self, block_size: int) -> list[tuple[int, tuple]]:
-        """The prompt's full blocks as `(chained hash, tokens)`, computed once (for the prefix
-        lookups of `ReplicaView.prefix_hit`); the last prompt token is never counted. A prompt
-        that knows its chain (a workload item's `PromptTokens`, which shares the hashes of the
-        segments it has in common with other prompts) gives it; any other is hashed here."""
+    def block_chain(self, block_size: int, max_blocks: int | None = None) -> list[tuple[int, tuple]]:
+        """The prompt's full blocks as `(chained hash, tokens)`, at most `max_blocks` of them (all
+        by default), computed once (for the prefix lookups of `ReplicaView.prefix_hit` and the
+        cluster's `PrefixDirectory`); the last prompt token is never counted. A prompt that knows
+        its chain (a workload item's `PromptTokens`, which shares the hashes of the segments it has
+        in common with other prompts; the front's `SaltedPrompt`) gives it; any other is hashed
+        here."""
         chain = self._chain
-        if chain is None or chain[0] != block_size:
-            prompt = self.prompt_token_ids
-            known = getattr(prompt, "block_chain", None)
-            hashes = (known(block_size, self.prompt_len - 1) if known is not None
-                      else block_chain(prompt, block_size, self.prompt_len - 1))
-            chain = self._chain = (block_size, hashes)
-        return chain[1]
+        if chain is not None and chain[1] == max_blocks and chain[0] == block_size:
+            return chain[2]
+        limit = self.prompt_len - 1
+        if max_blocks is not None and max_blocks * block_size < limit:
+            limit = max_blocks * block_size
+        prompt = self.prompt_token_ids
+        known = getattr(prompt, "block_chain", None)
+        hashes = known(block_size, limit) if known is not None else block_chain(prompt, block_size, limit)
+        self._chain = (block_size, max_blocks, hashes)
+        return hashes
 
     def __repr__(self) -> str:
         return f"RouteRequest({self.request_id!r}, prompt_len={self.prompt_len}, arrival_s={self.arrival_s})"
@@ -64,22 +70,38 @@ class ReplicaView:
     `index`, `name`, `pool` and `policy` are fixed; `num_waiting`, `num_running` (sequences),
     `kv_used_blocks`, `kv_free_blocks`, `outstanding_requests` and `outstanding_tokens` (prompt
     plus `max_new_tokens` of the requests routed there that have not ended) are read from the
-    replica; `prefix_hit(request)` is how many of the request's prompt tokens the replica's prefix
-    cache holds now, in whole blocks (without a cache salt; computed only when asked: the prompt
-    hashed once per request, the blocks probed from the root, those that earlier lookups found
-    remembered by the pool); `prefix_hit_at_least(request, tokens)` is the same when at least
-    `tokens`, else 0 (one probe when it is not). `ReplicaView.of(...)` builds one for a test or a
-    bench from plain numbers."""
+    replica; `outstanding` is the cluster's `Outstanding` behind the last two (read-only: the
+    cheapest read of a load, `len(view.outstanding)` and `view.outstanding.total`);
+    `prefix_hit(request)` is how many of the request's prompt tokens the replica's prefix cache
+    holds now, in whole blocks (without a cache salt; computed only when asked: the prompt hashed
+    once per request, the blocks probed from the root, those that earlier lookups found remembered
+    by the pool); `prefix_hit_at_least(request, tokens)` is the same when at least `tokens`, else 0
+    (one probe when it is not).
 
-    __slots__ = ("_engine", "_outstanding", "index", "name", "policy", "pool")
+    `prefix_directory` is the cluster's `PrefixDirectory` (the blocks routed to each replica, an
+    estimate every replica of the cluster shares; None for a view outside a cluster) and
+    `prefix_bit` this replica's bit in it; `routed(request)` records a request sent here.
+    `ReplicaView.of(...)` builds one for a test or a bench from plain numbers."""
 
-    def __init__(self, index: int, name: str, pool: str, policy: str, engine: Any, outstanding: Any) -> None:
+    __slots__ = ("_engine", "index", "name", "outstanding", "policy", "pool", "prefix_bit", "prefix_directory")
+
+    def __init__(self, index: int, name: str, pool: str, policy: str, engine: Any, outstanding: Any,
+                 prefix_directory: PrefixDirectory | None = None, prefix_bit: int = 0) -> None:
         self.index = index
         self.name = name
         self.pool = pool
         self.policy = policy
         self._engine = engine
-        self._outstanding = outstanding  # request_id -> tokens, kept by the cluster
+        self.outstanding = outstanding  # request_id -> tokens, kept by the cluster
+        self.prefix_directory = prefix_directory
+        self.prefix_bit = prefix_bit
+
+    def routed(self, request: RouteRequest) -> None:
+        """Record in the cluster's `prefix_directory` (if any) that `request` was sent here; the
+        cluster calls it once the replica has taken the request."""
+        directory = self.prefix_directory
+        if directory is not None:
+            directory.record(request.block_chain(directory.block_size, directory.max_blocks), self.prefix_bit)
 
     @property
     def num_waiting(self) -> int:
@@ -99,11 +121,11 @@ class ReplicaView:
 
     @property
     def outstanding_requests(self) -> int:
-        return len(self._outstanding)
+        return len(self.outstanding)
 
     @property
     def outstanding_tokens(self) -> int:
-        return self._outstanding.total
+        return self.outstanding.total
 
     def prefix_hit(self, request: RouteRequest) -> int:
         pool = self._engine.pool
@@ -116,8 +138,7 @@ class ReplicaView:
         gets `_prefix_hit_at_least`, which asks it."""
         pool = self._engine.pool
         bs = pool.block_size
-        chain = request._chain
-        hashes = chain[1] if chain is not None and chain[0] == bs else request.block_chain(bs)
+        hashes = request.block_chain(bs)
         need = -(-tokens // bs)
         if need and (need > len(hashes) or hashes[need - 1][0] not in pool._index):
             return 0  # (cached_blocks' first probe, without the call: most replicas end here)

@@ -63,13 +63,19 @@ def seed_workloads(run: dict[str, Any], seed: int | None, k: int) -> tuple[list[
 
 
 def add_statistics_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of `compare`'s verdicts: `--min-effect`, `--aa POLICY` and `--trials T`."""
-    from ..results.min_effect import MIN_EFFECT
+    """The flags of `compare`'s verdicts: `--min-effect`, `--correction`, `--arms FILE`, `--aa POLICY`
+    and `--trials T`."""
+    from ..results.min_effect import CORRECTIONS, DEFAULT_CORRECTION, MIN_EFFECT
 
     defaults = ", ".join(f"{kind}={x:g}" for kind, x in MIN_EFFECT.items())
     p.add_argument("--min-effect", metavar="X|KIND=X,...",
                    help="with --seeds: the smallest relative difference a verdict may call better or worse, for every "
                    f"metric kind or per kind (latency, throughput, count, share; default {defaults})")
+    p.add_argument("--correction", metavar="|".join(CORRECTIONS),
+                   help="with --seeds: the family-wise error control over the table's verdicts: maxt (Westfall and "
+                   "Young's step-down max-T over the draws' sign flips, using the metrics' correlation; needs 6 or more "
+                   "draws at 95%%, else Holm), holm (Holm's step-down on the t-tests' p-values), none (each verdict's own "
+                   f"interval); default {DEFAULT_CORRECTION}")
     p.add_argument("--arms", metavar="FILE",
                    help="compare arms that each set their own policy stack, engine config and cost model: a TOML file "
                    "of [arms.NAME] tables (EngineConfig fields, cost_model, cost_params), the first the baseline; "
@@ -83,12 +89,18 @@ def add_statistics_flags(p: argparse.ArgumentParser) -> None:
 
 def _check_seed_flags(args: argparse.Namespace, labels: list[str]) -> str:
     """The baseline of `--seeds` (`--baseline`, default the first policy), after checking the flags."""
+    from ..results.min_effect import CORRECTIONS
+
     if args.seeds is not None and args.seeds < 2:
         raise ValueError(f"--seeds: must be at least 2 (an interval needs two draws), got {args.seeds}")
     if args.trials != 1 and args.aa is None:
         raise ValueError("--trials: applies with --aa only")
     if args.min_effect is not None and args.seeds is None:
         raise ValueError("--min-effect: applies with --seeds only")
+    if args.correction is not None and args.seeds is None:
+        raise ValueError("--correction: applies with --seeds only")
+    if args.correction is not None and args.correction not in CORRECTIONS:
+        raise ValueError(f"--correction: {args.correction!r} is not one of {', '.join(CORRECTIONS)}")
     if args.baseline is not None and args.seeds is None:
         raise ValueError("--baseline: applies with --seeds only")
     baseline = labels[0] if args.baseline is None else args.baseline
@@ -109,6 +121,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..experiments.slo import evaluate, parse_slo
     from ..results import files as result_files
     from ..results import report
+    from ..results.min_effect import DEFAULT_CORRECTION
     from ..results.multiplicity import parse_min_effect
     from ..results.paired import format_paired_table, paired_comparison, report_documents
 
@@ -151,6 +164,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if spec is None and not _names_workload(args):
         run["workload"] = DEFAULT_WORKLOAD
     min_effect = parse_min_effect(args.min_effect)
+    correction = args.correction or DEFAULT_CORRECTION
     if args.seeds is None:
         seeds, workloads = None, [make_workload(run, workload_seed(config))]
     else:
@@ -212,13 +226,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.aa is not None:
         from ..results.aa import aa_tables, false_verdict_rates, format_aa
 
-        tables = aa_tables(docs, (labels[0], labels[1]), seeds, args.trials, min_effect)
+        tables = aa_tables(docs, (labels[0], labels[1]), seeds, args.trials, min_effect, correction)
         result["aa"] = false_verdict_rates(tables, labels[1])
         result["comparisons"] = tables
         print(format_aa(args.aa, result["aa"]), end="")
     elif seeds is not None:
         by_policy = {label: docs[c::n] for c, label in enumerate(labels)}
-        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline, min_effect=min_effect)
+        result["comparison"] = comparison = paired_comparison(by_policy, seeds, baseline, min_effect=min_effect,
+                                                                     correction=correction)
         print(format_paired_table(comparison), end="")
     if args.json:
         result_files.write_json(args.json, result)

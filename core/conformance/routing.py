@@ -43,7 +43,7 @@ class CheckingRouter(Router):
         if self.routed > self.down_at and len(replicas) > 1:
             kept = [i for i in kept if i != self.down]
         live = tuple(ReplicaView(pos, replicas[i].name, replicas[i].pool, replicas[i].policy,
-                                 replicas[i]._engine, replicas[i]._outstanding) for pos, i in enumerate(kept))
+                                 replicas[i]._engine, replicas[i].outstanding) for pos, i in enumerate(kept))
         self.coverage.calls += 1
         answer = self._answer(request, live)
         dead = replicas[self.down].name

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import EngineConfig
+from ..results.min_effect import DEFAULT_CORRECTION
 
 
 class Arm(BaseModel):
@@ -110,11 +111,12 @@ def load_arms(path: str | Path) -> list[Arm]:
 def compare_arms(
     arms: list[Arm], draws: list[Any], seeds: list[int], *, config: EngineConfig | None = None,
     cost_model: str = "roofline", cost_params: dict[str, Any] | None = None, jobs: int | None = None,
-    min_effect: dict[str, float] | None = None,
+    min_effect: dict[str, float] | None = None, correction: str = DEFAULT_CORRECTION,
 ) -> dict[str, Any]:
     """Run every arm on every workload of `draws` (one per seed of `seeds`, the same draws for
     every arm) and compare them with the first arm, as `compare --seeds` does: `{"runs",
-    "comparison"}` (`paired.paired_comparison`, verdicts controlled over the table)."""
+    "comparison"}` (`paired.paired_comparison`, verdicts controlled over the table by
+    `correction`: "maxt", "holm" or "none", as `compare --correction`)."""
     from ..results.paired import paired_comparison
     from .parallel import run_many
 
@@ -131,7 +133,8 @@ def compare_arms(
     for i, doc in enumerate(docs):
         doc["arm"] = names[i % len(arms)]
     by_arm = {name: docs[i::len(arms)] for i, name in enumerate(names)}
-    return {"runs": docs, "comparison": paired_comparison(by_arm, seeds, names[0], min_effect=min_effect)}
+    return {"runs": docs, "comparison": paired_comparison(by_arm, seeds, names[0], min_effect=min_effect,
+                                                                correction=correction)}
 
 
 def arm_setups(path: str | Path, config: EngineConfig, run: dict[str, Any]) -> tuple[list[str], list[EngineConfig], list[Callable[[], Any]]]:

@@ -5,7 +5,8 @@ is false. `compare --aa POLICY --seeds K --trials T` runs T such tables of K pai
 
 - per metric, the share of tables in which that metric got a verdict (nominal: at most 1 - level);
 - per table, the share with at least one verdict anywhere (the family-wise error rate the table's
-  Holm correction controls at 1 - level), with its Wilson score interval;
+  correction controls at 1 - level: max-T by default, `--correction`), with its Wilson score
+  interval;
 - the same two before the correction, from each verdict's own interval (`verdict_uncorrected`).
 
 When the policy draws no private randomness both arms run identically and every table is empty of
@@ -18,7 +19,8 @@ import math
 from statistics import NormalDist
 from typing import Any
 
-from .paired import paired_comparison
+from .min_effect import DEFAULT_CORRECTION
+from .paired import CORRECTION_NAMES, paired_comparison
 
 
 def aa_salts(trial: int, draw: int, seeds: int) -> tuple[int, int]:
@@ -60,7 +62,7 @@ def false_verdict_rates(tables: list[dict[str, Any]], arm: str) -> dict[str, Any
     level = tables[0]["level"]
     low, high = wilson(any_controlled, n, level)
     return {
-        "tables": n, "seeds": len(tables[0]["seeds"]), "nominal": 1 - level,
+        "tables": n, "seeds": len(tables[0]["seeds"]), "nominal": 1 - level, "error_control": tables[0]["error_control"],
         "tables_with_false_verdict": any_controlled, "table_rate": any_controlled / n, "table_rate_interval": [low, high],
         "tables_with_false_verdict_uncorrected": any_uncorrected, "table_rate_uncorrected": any_uncorrected / n,
         "per_metric": {key: {"label": metrics[key]["label"], "rate": c["controlled"] / n,
@@ -70,15 +72,17 @@ def false_verdict_rates(tables: list[dict[str, Any]], arm: str) -> dict[str, Any
 
 
 def aa_tables(docs: list[dict[str, Any]], labels: tuple[str, str], seeds: list[int], trials: int,
-              min_effect: dict[str, float] | None) -> list[dict[str, Any]]:
+              min_effect: dict[str, float] | None, correction: str = DEFAULT_CORRECTION) -> list[dict[str, Any]]:
     """The A/A comparison tables of `docs`, ordered table by table, draw by draw, arm by arm (as
-    `compare --aa` runs them); `seeds` are all tables' workload seeds in that order."""
+    `compare --aa` runs them), each under `correction`; `seeds` are all tables' workload seeds in
+    that order."""
     k = len(seeds) // trials
     tables = []
     for t in range(trials):
         block = docs[2 * k * t: 2 * k * (t + 1)]
         runs = {labels[0]: block[0::2], labels[1]: block[1::2]}
-        tables.append(paired_comparison(runs, seeds[k * t: k * (t + 1)], labels[0], min_effect=min_effect))
+        tables.append(paired_comparison(runs, seeds[k * t: k * (t + 1)], labels[0], min_effect=min_effect,
+                                        correction=correction))
     return tables
 
 
@@ -86,10 +90,12 @@ def format_aa(policy: str, rates: dict[str, Any]) -> str:
     """The A/A summary: the table-level and per-metric false-verdict rates against the nominal."""
     n, nominal = rates["tables"], rates["nominal"]
     low, high = rates["table_rate_interval"]
+    applied = rates.get("error_control", "holm")
+    how = "no correction" if applied == "none" else f"{CORRECTION_NAMES[applied]} over the table"
     lines = [f"A/A of {policy}: {n} tables of {rates['seeds']} paired draws, the arms differing only in their "
              "plugins' private randomness (StepContext.salt)",
              f"tables with a false verdict: {rates['tables_with_false_verdict']}/{n} = {rates['table_rate']:.1%} "
-             f"[{low:.1%}, {high:.1%}] (nominal {nominal:.0%}, Holm over the table); without the correction "
+             f"[{low:.1%}, {high:.1%}] (nominal {nominal:.0%}, {how}); without the correction "
              f"{rates['tables_with_false_verdict_uncorrected']}/{n} = {rates['table_rate_uncorrected']:.1%}"]
     if rates["identical"]:
         lines.append(f"note: both arms ran identically on every draw: {policy} draws no private randomness "

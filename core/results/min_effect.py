@@ -1,5 +1,7 @@
-"""The minimum effect a verdict of `compare` needs, by metric kind (`--min-effect`), apart from
-`metroline.core.results.multiplicity` so that building the command line loads no numpy."""
+"""The settings of `compare`'s verdicts that its command line needs, apart from
+`metroline.core.results.multiplicity` so that building the command line loads no numpy: the
+minimum effect a verdict needs, by metric kind (`--min-effect`), and the family-wise corrections
+(`--correction`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,13 @@ MIN_EFFECT: dict[str, float] = {"latency": 0.01, "throughput": 0.005, "count": 0
 """The default minimum relative effect of a verdict, by metric kind: latencies 1%, throughputs
 0.5%, counts (preemptions, unfinished requests, recomputed tokens) 5%, shares (prefix hit rate,
 Jain's index) 0.5%. Smaller differences are `no difference` whatever their p-value."""
+
+CORRECTIONS = ("maxt", "holm", "none")
+"""The family-wise corrections of a table's verdicts (`--correction`): Westfall and Young's
+step-down max-T over the draws' sign flips, Holm's step-down on the t-tests' p-values, or none
+(each verdict's own interval); `metroline.core.results.multiplicity` says what each does."""
+DEFAULT_CORRECTION = "maxt"
+"""The correction a table gets unless told otherwise."""
 
 
 def parse_min_effect(text: str | None) -> dict[str, float]:

@@ -6,8 +6,9 @@ numbers: policy B's run on draw i meets exactly the requests the baseline's run 
 the differences B - A are paired draw by draw, which removes the spread between draws from the
 comparison. `paired_comparison` turns the K result documents of each policy into the JSON-ready
 comparison; `format_paired_table` prints it. The statistics are `metroline.core.results.stats`'s; the verdicts
-are controlled over the whole table (Holm's family-wise error rate over every policy and metric,
-and a minimum effect per metric kind: `metroline.core.results.multiplicity`).
+are controlled over the whole table (the family-wise error rate over every policy and metric, by
+max-T over the draws' sign flips unless Holm or none is asked, and a minimum effect per metric
+kind: `metroline.core.results.multiplicity`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .min_effect import DEFAULT_CORRECTION
 from .multiplicity import control, p_value, paired_differences, parse_min_effect
 from .stats import DEFAULT_LEVEL, FEW_SEEDS, interval, paired_difference
 
@@ -74,19 +76,22 @@ def metric_key(path: tuple[str, ...]) -> str:
 
 def paired_comparison(
     runs: dict[str, list[dict[str, Any]]], seeds: list[int], baseline: str, *, level: float = DEFAULT_LEVEL,
-    min_effect: dict[str, float] | None = None,
+    min_effect: dict[str, float] | None = None, correction: str = DEFAULT_CORRECTION,
 ) -> dict[str, Any]:
     """The comparison of `runs` ({policy label: one result document per seed, in the order of
     `seeds`}) against the policy `baseline`:
 
-    `{"seeds", "baseline", "level", "min_effect", "policies": {label: {metric: {"values", "mean",
-    "vs_baseline"}}}, "metrics": {metric: {"label", "direction", "kind"}}}` where `mean` is the
+    `{"seeds", "baseline", "level", "min_effect", "correction", "error_control", "policies":
+    {label: {metric: {"values", "mean", "vs_baseline"}}}, "metrics": {metric: {"label",
+    "direction", "kind"}}}` where `mean` is the
     interval of the mean over the seeds (`stats.interval`) and `vs_baseline` the paired difference
     from the baseline's values (`stats.paired_difference`, with its `p_value`; None for the
     baseline itself), its `verdict` controlled over the whole table (`multiplicity.control`:
-    `verdict_uncorrected`, `removed_by`). A metric that is None in any run of a policy (or of the
-    baseline) gets `mean` (or `vs_baseline`) None. `min_effect`: by metric kind, default
-    `multiplicity.MIN_EFFECT`."""
+    `verdict_uncorrected`, `p_adjusted`, `removed_by`). A metric that is None in any run of a
+    policy (or of the baseline) gets `mean` (or `vs_baseline`) None. `min_effect`: by metric kind,
+    default `multiplicity.MIN_EFFECT`. `correction`: `maxt`, `holm` or `none` (`CORRECTIONS`);
+    `error_control` is the one applied (`maxt` of fewer than 6 draws is `holm`:
+    `multiplicity.applied_correction`)."""
     if baseline not in runs:
         raise ValueError(f"--baseline: {baseline!r} is not one of the compared policies ({', '.join(runs)})")
     for label, docs in runs.items():
@@ -95,7 +100,7 @@ def paired_comparison(
     min_effect = parse_min_effect(None) if min_effect is None else min_effect
     metrics: dict[str, dict[str, Any]] = {}
     policies: dict[str, dict[str, Any]] = {label: {} for label in runs}
-    family: list[tuple[dict[str, Any], str]] = []
+    family: list[tuple[dict[str, Any], str, Any]] = []
     for label_text, path, direction, _, _ in PAIRED_METRICS:
         if not any(metric_value(d, path) is not None for docs in runs.values() for d in docs):
             continue
@@ -109,19 +114,22 @@ def paired_comparison(
                                      "vs_baseline": None}
             if label != baseline and whole and None not in base:
                 diff = paired_difference(base, values, direction, level=level).as_dict()
-                diff["p_value"] = p_value(paired_differences(base, values))
+                d = paired_differences(base, values)
+                diff["p_value"] = p_value(d)
                 entry["vs_baseline"] = diff
-                family.append((diff, kind))
+                family.append((diff, kind, d))
             policies[label][key] = entry
-    control([e for e, _ in family], [k for _, k in family], level, min_effect)
+    applied = control([e for e, _, _ in family], [k for _, k, _ in family], [d for _, _, d in family], level,
+                      min_effect, correction)
     return {"seeds": list(seeds), "baseline": baseline, "level": level, "min_effect": min_effect,
-            "error_control": "holm", "metrics": metrics, "policies": policies}
+            "correction": correction, "error_control": applied, "metrics": metrics, "policies": policies}
 
 
 def removed_counts(comparison: dict[str, Any]) -> dict[str, int]:
     """How many verdicts of the table are directed (`family`), and how many better/worse ones the
-    correction (`holm`) and the minimum effect (`min_effect`) turned into no difference."""
-    counts = {"family": 0, "holm": 0, "min_effect": 0}
+    correction (under its name: `maxt`, `holm`) and the minimum effect (`min_effect`) turned into
+    no difference."""
+    counts = {"family": 0, comparison["error_control"]: 0, "min_effect": 0}
     for metrics in comparison["policies"].values():
         for entry in metrics.values():
             diff = entry["vs_baseline"]
@@ -131,6 +139,10 @@ def removed_counts(comparison: dict[str, Any]) -> dict[str, int]:
             if diff.get("removed_by"):
                 counts[diff["removed_by"]] += 1
     return counts
+
+
+CORRECTION_NAMES = {"maxt": "max-T", "holm": "Holm"}
+"""How the table names a correction that removed a verdict."""
 
 
 def _format_of(x: float) -> str:
@@ -166,9 +178,25 @@ def _diff_cell(diff: dict[str, Any] | None, scale: float = 1.0, unit: str = "") 
     else:
         text = f"{_pct(rel['estimate'])} [{_pct(rel['low'])}, {_pct(rel['high'])}]"
     if diff.get("removed_by"):
-        why = "Holm" if diff["removed_by"] == "holm" else "< min effect"
+        why = CORRECTION_NAMES.get(diff["removed_by"], "< min effect")
         return f"{text} no difference ({diff['verdict_uncorrected']} removed: {why})"
     return f"{text} {diff['verdict']}" if diff["verdict"] else text
+
+
+def _control_line(comparison: dict[str, Any], counts: dict[str, int]) -> str:
+    """The table's second line: how its verdicts were controlled, and how many each step removed."""
+    applied, level = comparison["error_control"], comparison["level"]
+    effect = ", ".join(f"{kind} {x:.2%}".replace(".00%", "%") for kind, x in comparison.get("min_effect", {}).items())
+    k = len(comparison["seeds"])
+    if applied == "none":
+        control = f"no family-wise correction over the table's {counts['family']} verdicts (each at {level:.0%})"
+    else:
+        how = ("max-T over the draws' sign flips" if applied == "maxt" else
+               f"Holm{f': {k} draws are too few for max-T at this level' if comparison.get('correction') == 'maxt' else ''}")
+        control = f"family-wise error <= {1 - level:.0%} over the table's {counts['family']} verdicts ({how})"
+    removed = "" if applied == "none" else f"{counts[applied]} by {CORRECTION_NAMES[applied]}, "
+    return (f"verdicts: {control}, each also at least the minimum effect ({effect}); removed: {removed}"
+            f"{counts['min_effect']} below the minimum effect")
 
 
 def format_paired_table(comparison: dict[str, Any]) -> str:
@@ -194,10 +222,7 @@ def format_paired_table(comparison: dict[str, Any]) -> str:
              f"differences paired seed by seed, relative to {base}'s mean"]
     counts = removed_counts(comparison)
     if counts["family"]:
-        effect = ", ".join(f"{kind} {x:.2%}".replace(".00%", "%") for kind, x in comparison.get("min_effect", {}).items())
-        lines.append(f"verdicts: family-wise error <= {1 - level:.0%} over the table's {counts['family']} verdicts "
-                     f"(Holm), each also at least the minimum effect ({effect}); removed: {counts['holm']} by Holm, "
-                     f"{counts['min_effect']} below the minimum effect")
+        lines.append(_control_line(comparison, counts))
     if k < FEW_SEEDS:
         lines.append(f"note: with {k} seeds an interval covers the true value less often than {level:.0%} "
                      "(about 75% with 3 seeds, 93% with 5); use --seeds 10 for intervals to trust")

@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..cluster.prefix_directory import PrefixDirectory
 from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
@@ -39,7 +39,7 @@ from .front_canary import FrontCanary
 from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
-from .front_proxy import Failed, Proxy, make_client
+from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
 from .reading import Refused, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
@@ -48,6 +48,8 @@ _FORWARDED = ("authorization", "content-type", "accept")
 _RETURNED = ("content-type", "retry-after")
 REPLICA_HEADER = "x-metroline-replica"
 """The response header naming the replica that served a request (never on a refusal)."""
+PREFIX_BLOCKS_PER_REPLICA = 65536
+"""The front's prefix directory holds about this many blocks per replica (1M tokens at 16 a block)."""
 ROUTE_CHARS = 65536
 """The characters of a text prompt the front tokenizes to route it (the replica tokenizes it all)."""
 
@@ -86,7 +88,10 @@ class Front:
                  poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
                  canary: Callable[[Any], FrontCanary] | None = None) -> None:
         self.replicas = list(replicas)
-        self.views = [RemoteView(i, r.name, r.pool) for i, r in enumerate(self.replicas)]
+        self.prefixes = PrefixDirectory(PREFIX_BLOCKS_PER_REPLICA * max(1, len(self.replicas)))
+        """The blocks of the prompts routed to each replica (`prefix_aware`'s estimate), shared by the views."""
+        self.views = [RemoteView(i, r.name, r.pool, prefix_directory=self.prefixes)
+                      for i, r in enumerate(self.replicas)]
         self.router = router
         self.serve = serve
         self.tenants = Tenants(serve)
@@ -112,6 +117,7 @@ class Front:
 
     def _down(self, view: RemoteView, reason: str) -> None:
         self.proxy.cut(view.slot, f"replica {view.name} failed: {reason}")
+        view.forget_prefixes()  # it may come back restarted, its cache empty
 
     # --- routing and proxying ---------------------------------------------------------------------
 
@@ -127,7 +133,9 @@ class Front:
         if self.serve.salted:
             prompt = SaltedPrompt(prompt, self.tenants.cache_salt(tenant) or tenant)
         max_new = body.max_completion_tokens or body.max_tokens or self.serve.default_max_tokens or 256
-        return RouteRequest(uuid.uuid4().hex, time.monotonic(), prompt, max_new, tenant, body.priority or 0)
+        request = RouteRequest(uuid.uuid4().hex, time.monotonic(), prompt, max_new, tenant, body.priority or 0)
+        request.block_chain(self.prefixes.block_size, self.prefixes.max_blocks)  # hashed here, off the loop
+        return request
 
     async def chat(self, http: HTTPRequest) -> Response:
         return await self._complete(http, "/v1/chat/completions", chat=True)
@@ -188,22 +196,22 @@ class Front:
         if isinstance(got, Response):
             return got
         view, upstream = got
-        out_headers = {k: v for k, v in upstream.headers.items() if k in _RETURNED}
+        out_headers = {k.lower(): v for k, v in upstream.headers.items() if k.lower() in _RETURNED}
         out_headers[REPLICA_HEADER] = view.name
-        if body.stream and upstream.status_code == 200:
+        if body.stream and upstream.status == 200:
             return StreamingResponse(self.proxy.relay(upstream, view, request.request_id, started),
                                      status_code=200, headers=out_headers)
         try:
-            content = await until_disconnect(http, upstream.aread())
+            content = await until_disconnect(http, upstream.read())
         except _Gone:
             return Response(status_code=499)
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
             return error(502, await self.health.failure(view, exc))
         finally:
-            await upstream.aclose()
+            upstream.release()  # read whole, back to the pool; else closed (the replica sees it)
             self.proxy.ended(view, request.request_id, started)
-        return Response(content, status_code=upstream.status_code, headers=out_headers)
+        return Response(content, status_code=upstream.status, headers=out_headers)
 
     # --- life cycle -------------------------------------------------------------------------------
 
@@ -229,14 +237,16 @@ class Front:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         client = self.proxy.client = make_client()
-        poller = self._poller = asyncio.create_task(self.health.run(client))
+        polls = make_client()  # the health checks' own few connections
+        poller = self._poller = asyncio.create_task(self.health.run(polls))
         try:
             yield
         finally:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-            await client.aclose()
+            await client.close()
+            await polls.close()
             if self._stop_replicas is not None:
                 await asyncio.to_thread(self._stop_replicas, self.replicas)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from .front_metrics import FrontMetrics
 from .remote_view import RemoteView
@@ -80,35 +80,39 @@ class Health:
                     break
                 await asyncio.sleep(0.01)
         why = handle.why_down()
-        refused = isinstance(exc, httpx.ConnectError)
+        refused = isinstance(exc, aiohttp.ClientConnectorError)
         reason = "connection refused" if refused else "connection lost"
         if refused or not handle.is_alive():
             self.mark_down(view, f"{reason} ({why or type(exc).__name__})")
         return f"replica {view.name} failed: {reason}" + (f" ({why})" if why else "")
 
-    async def poll(self, view: RemoteView, client: httpx.AsyncClient) -> None:
+    async def poll(self, view: RemoteView, client: aiohttp.ClientSession) -> None:
         handle = self.replicas[view.slot]
         if not handle.is_alive():
             view.state = {}
             self.mark_down(view, handle.why_down() or "not running")
             return
         now = time.monotonic()
+        state = None
         try:
-            r = await client.get(handle.url + "/v1/replica/state", timeout=self.timeout_s)
-        except httpx.ConnectError as exc:
+            async with client.get(handle.url + "/v1/replica/state",
+                                  timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                if r.status == 200:
+                    state = await r.json()
+        except aiohttp.ClientConnectorError as exc:
             self.mark_down(view, f"connection refused ({handle.why_down() or type(exc).__name__})")
             return
-        except httpx.TransportError:
-            r = None
-        if r is not None and r.status_code == 200:
-            view.update(r.json())
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+        if state is not None:
+            view.update(state)
             self.last_ok[view.slot] = time.monotonic()
             self.mark_up(view)  # a replica marked down on a passing error that answers again
         elif now - self.last_ok[view.slot] > self.down_after_s and len(self.live()) > 1:
             # (never the last one for slowness alone: with every replica slow, the machine is)
             self.mark_down(view, f"no answer to its health check for {self.down_after_s:g} s")
 
-    async def run(self, client: httpx.AsyncClient) -> None:
+    async def run(self, client: aiohttp.ClientSession) -> None:
         """Poll every replica whose process lives, every `poll_s` seconds, until cancelled."""
         while True:
             await asyncio.gather(*(self.poll(v, client) for v in self.views

@@ -8,11 +8,12 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from . import protocol as p
+from .front_proxy import TRANSPORT_ERRORS
 from .reading import unauthorized
 
 
@@ -95,7 +96,9 @@ class FrontPages:
                          "invalid_request_error")
         headers = {k: v for k, v in http.headers.items() if k == "authorization"}
         try:
-            r = await self.proxy.client.get(self.replicas[view.slot].url + "/metrics", timeout=5.0, headers=headers)
-        except httpx.TransportError as exc:
+            async with self.proxy.client.get(self.replicas[view.slot].url + "/metrics", headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                content, status, media_type = await r.read(), r.status, r.headers.get("content-type")
+        except TRANSPORT_ERRORS as exc:
             return error(502, f"replica {name} failed: {type(exc).__name__}")
-        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+        return Response(content, status_code=status, media_type=media_type)

@@ -103,7 +103,7 @@ class PromptTokens(list):
 
     def block_chain(self, block_size: int, max_tokens: int) -> list[tuple[int, tuple]]:
         """`block_chain(self, block_size, max_tokens)`, from the remembered chains of its leading
-        segments (computed once per prompt and block size)."""
+        segments (computed once per prompt and block size; read-only: it may be a remembered one)."""
         cached = self._chain
         if cached is not None and cached[0] == block_size and cached[1] == max_tokens:
             return cached[2]
@@ -128,8 +128,8 @@ class PromptTokens(list):
         for _, length in segments[:start]:
             end += length
         limit = min(size, max_tokens)
-        last = len(segments) - 1
-        for j in range(start, len(segments)):
+        last = len(segments) - 1 if end < limit else start - 1  # (all the tokens asked for are known)
+        for j in range(start, last + 1):
             end += segments[j][1]
             chain = extend_chain(chain, self, block_size, min(end, limit) if j == last else end)
             if j < last:

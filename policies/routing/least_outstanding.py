@@ -15,7 +15,7 @@ class LeastOutstandingTokens:
     def route(self, request, replicas):
         best, best_load = 0, None
         for r in replicas:
-            load = r.outstanding_tokens
+            load = r.outstanding.total
             if best_load is None or load < best_load:
                 best, best_load = r.index, load
         return best

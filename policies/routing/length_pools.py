@@ -28,7 +28,7 @@ class LengthPools:
         best, best_load = -1, 0
         for r in replicas:
             if (r.pool == pool) is long:
-                load = r.outstanding_tokens
+                load = r.outstanding.total
                 if best < 0 or load < best_load:
                     best, best_load = r.index, load
         if best >= 0:
@@ -42,7 +42,7 @@ class LengthPools:
 def _least_loaded(replicas) -> int:
     best, best_load = -1, 0
     for r in replicas:
-        load = r.outstanding_tokens
+        load = r.outstanding.total
         if best < 0 or load < best_load:
             best, best_load = r.index, load
     return best

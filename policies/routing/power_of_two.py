@@ -26,4 +26,4 @@ class PowerOfTwo:
         b = int(draw() * (n - 1))
         if b >= a:
             b += 1
-        return b if replicas[b].outstanding_tokens < replicas[a].outstanding_tokens else a
+        return b if replicas[b].outstanding.total < replicas[a].outstanding.total else a
