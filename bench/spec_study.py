@@ -21,7 +21,12 @@ concentration 4, keyed on request and position so the arms are paired) run by `c
 interval of its paired difference from the adaptive arm and the verdict, controlled over the
 whole table of metrics (`--correction`: maxt, the default, holm or none, as `compare --correction`).
 
-Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5]
+`--tail N` (with part 2): which requests make the P99 TPOT, on the first draw, for the adaptive
+arm and each arm named by `--tail-arms`: the N requests of largest TPOT with their first-token and
+finish times, output tokens and acceptance draw, and when the batch first held 64 decodes (the end
+of the cold start, where every step is a full 2,048-token prefill chunk).
+
+Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5] [--tail 8]
 """
 
 from __future__ import annotations
@@ -31,16 +36,22 @@ import sys
 from pathlib import Path
 from statistics import mean
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 ARMS = Path(__file__).resolve().parent / "spec_arms.toml"
 
 from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.experiments.runner import run_workload  # noqa: E402
 from metroline.core.experiments.arms import compare_arms, load_arms  # noqa: E402
+from metroline.core.requests.request import SamplingParams  # noqa: E402
+from metroline.core.results.collector import DECODING, TIME_S  # noqa: E402
+from metroline.core.requests.sequence import Sequence  # noqa: E402
 from metroline.core.results.min_effect import CORRECTIONS, DEFAULT_CORRECTION  # noqa: E402
 from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
+from metroline.executors.speculation_sim import AcceptanceModel  # noqa: E402
 
 
 def run(workload, batch: int, spec: dict | None, plugins: tuple[str, ...] = ()) -> dict:
@@ -104,6 +115,29 @@ def part2(args: argparse.Namespace) -> None:
                   + (f" (uncorrected: {vs['verdict_uncorrected']})" if vs.get("removed_by") else ""))
 
 
+def tail(args: argparse.Namespace) -> None:
+    """The `--tail` largest TPOTs of the first draw under the adaptive arm and `--tail-arms`."""
+    arms = {a.name: a for a in load_arms(ARMS)}
+    workload = build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=0)
+    print(f"== part 2, the P99 TPOT's requests: draw 0, the {args.tail} largest TPOTs of each arm")
+    for name in ["adaptive", *args.tail_arms.split(",")]:
+        config = arms[name].engine_config(EngineConfig(max_num_seqs=64, num_blocks=8192))
+        _, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("roofline")))
+        steps = engine.metrics.steps
+        full = next((s[TIME_S] for s in steps if s[DECODING] >= config.max_num_seqs), None)
+        model = AcceptanceModel(config.speculative_config) if config.speculative_config else None
+        rows = sorted(((r.finish_s - r.first_token_s) / (r.output_tokens - 1), r) for r in engine.metrics.requests
+                      if r.output_tokens >= 2 and r.finish_s is not None)
+        p99 = float(np.percentile([t for t, _ in rows], 99))
+        print(f"  {name}: P99 TPOT {p99 * 1e3:.1f} ms; the batch first held {config.max_num_seqs} decodes at "
+              f"{full if full is None else round(full, 2)} s")
+        for t, r in rows[::-1][:args.tail]:
+            seq = Sequence(r.id.split("#")[0], [1], SamplingParams(max_new_tokens=1), 0.0)
+            a = f"{model.rate(seq):.2f}" if model else "-"
+            print(f"    {t * 1e3:6.1f} ms  request {r.id:>5}  tokens {r.output_tokens:4d}  acceptance {a}  "
+                  f"decoding {r.first_token_s:6.2f}-{r.finish_s:6.2f} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=400)
@@ -115,11 +149,15 @@ def main() -> None:
     p.add_argument("--correction", choices=CORRECTIONS, default=DEFAULT_CORRECTION, help="part 2's family-wise correction")
     p.add_argument("--draft-cost", type=float, default=0.05)
     p.add_argument("--part", type=int, choices=(1, 2))
+    p.add_argument("--tail", type=int, default=0, help="part 2: print the N largest TPOTs of draw 0 per arm")
+    p.add_argument("--tail-arms", default="k1,k2,k3", help="the fixed arms --tail shows beside the adaptive one")
     args = p.parse_args()
     if args.part in (None, 1):
         part1(args)
     if args.part in (None, 2):
         part2(args)
+        if args.tail:
+            tail(args)
 
 
 if __name__ == "__main__":

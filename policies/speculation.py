@@ -23,9 +23,15 @@ with `speculative_config` set (it stacks on any policy):
   the `k` the cost is interpolated; a draft model adds `draft_cost` x the decodes' step per
   draft position reached;
 - the drafts that minimise the step's seconds per token over its decodes, `seconds x (sum of
-  E_i ** -tail_power) ** (1 / tail_power)`: `tail_power` 1 is the mean TPOT, larger weighs the
-  slowest decodes (the low-acceptance ones, which gain little from drafts but wait for everyone
-  else's) more, as a P99 TPOT does (`choose_drafts`: exact when there is no draft model).
+  w_i x E_i ** -tail_power / sum of w_i) ** (1 / tail_power)`: `tail_power` 1 is the mean TPOT,
+  larger weighs the slowest decodes (the low-acceptance ones, which gain little from drafts but
+  wait for everyone else's) more, as a P99 TPOT does (`choose_drafts`: exact when there is no
+  draft model). `w_i = (t_i / mean t) ** tail_weight`, `t_i` decode `i`'s seconds per output
+  token so far (`seq.first_token_time` to the step, over its output tokens after the first, with
+  `HISTORY_PRIOR_TOKENS` more at the step's seconds without drafts, so a new decode counts as
+  that step): the requests that have been slowest so far, those a P99 TPOT is made of, get more of
+  the drafts and weigh more against the time others' drafts add (`tail_weight` 0: every decode
+  alike).
 
 So a request whose drafts fail gets none, one whose drafts pass gets more, and every request
 fewer as the batch (or the step's prefill) makes tokens dear. `by_batch_size`, a table of
@@ -40,6 +46,10 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from metroline.api import PluginOptions, Sequence, StepPlan, hookimpl, make_cost_model, take_options
+
+HISTORY_PRIOR_TOKENS = 2
+"""Output tokens at the step's seconds (without drafts) added to each decode's own seconds per token
+so far, for `tail_weight`: a decode's first steps do not swing its weight."""
 
 
 class AdaptiveSpeculation:
@@ -65,6 +75,9 @@ class AdaptiveSpeculation:
         tail_power: float = Field(default=2.0, ge=1, le=64, allow_inf_nan=False,
                                   description="the power mean of the decodes' seconds per token that the drafts "
                                   "minimise: 1 the mean (mean TPOT), larger weighs the slowest decodes more (P99 TPOT)")
+        tail_weight: float = Field(default=1.0, ge=0, le=8, allow_inf_nan=False,
+                                   description="each decode weighs (its seconds per token so far / the batch's mean) to "
+                                   "this power: larger gives the requests slowest so far more of the drafts; 0 weighs all alike")
 
         @field_validator("by_batch_size")
         @classmethod
@@ -127,26 +140,42 @@ class AdaptiveSpeculation:
         if most == 0:
             return [0] * len(decodes)
         costs, draft = self.step_costs(ctx, decodes, most)
-        return choose_drafts([self.rate(s) for s in decodes], most, costs, draft, self.options.tail_power)
+        weights = self.weights(ctx.now, decodes, costs[0]) if self.options.tail_weight else None
+        return choose_drafts([self.rate(s) for s in decodes], most, costs, draft, self.options.tail_power, weights)
+
+    def weights(self, now: float, decodes: list[Sequence], step: float) -> list[float]:
+        """Each decode's weight, `(t_i / mean t) ** tail_weight` (see the module docstring): `t_i`
+        its seconds per output token so far, with `HISTORY_PRIOR_TOKENS` at `step` seconds."""
+        times = []
+        for seq in decodes:
+            first = seq.first_token_time
+            after = seq.num_output_tokens - 1
+            spent = now - first if first is not None and after > 0 else 0.0
+            times.append((spent + HISTORY_PRIOR_TOKENS * step) / (max(after, 0) + HISTORY_PRIOR_TOKENS))
+        mean = sum(times) / len(times)
+        q = self.options.tail_weight
+        return [(t / mean) ** q for t in times] if mean > 0 else [1.0] * len(times)
 
 
-def choose_drafts(rates: list[float], most: int, costs: list[float], draft: float, power: float) -> list[int]:
+def choose_drafts(rates: list[float], most: int, costs: list[float], draft: float, power: float,
+                  weights: list[float] | None = None) -> list[int]:
     """Draft counts for decodes of acceptance `rates` (at most `most` each) that minimise the
-    step's seconds per token over its decodes, `seconds x (sum(E_i ** -power)) ** (1 / power)`,
-    `E_i` decode `i`'s expected tokens: the best prefix of all drafts, each decode's next draft
-    ordered by how much it cuts `E_i ** -power`. `costs[k]`: the step's seconds with `k` drafts
-    per decode (interpolated between); `draft`: a draft forward's seconds, once per draft
-    position reached."""
+    step's seconds per token over its decodes, `seconds x (sum(w_i x E_i ** -power)) ** (1 /
+    power)`, `E_i` decode `i`'s expected tokens and `w_i` its weight (`weights`, 1 each when
+    None): the best prefix of all drafts, each decode's next draft ordered by how much it cuts
+    `w_i x E_i ** -power`. `costs[k]`: the step's seconds with `k` drafts per decode
+    (interpolated between); `draft`: a draft forward's seconds, once per draft position reached."""
     b = len(rates)
+    w = weights or [1.0] * b
     cuts = []
     for i, a in enumerate(rates):
         g = e = 1.0
         for j in range(1, most + 1):
             g *= a
-            cuts.append((e ** -power - (e + g) ** -power, j, i))
+            cuts.append((w[i] * (e ** -power - (e + g) ** -power), j, i))
             e += g
     cuts.sort(key=lambda t: -t[0])
-    total, depth, root = float(b), 0, 1.0 / power
+    total, depth, root = float(sum(w)), 0, 1.0 / power
     best, best_n = costs[0] * total ** root, 0
     for n, (cut, j, _) in enumerate(cuts, 1):
         total -= cut

@@ -13,7 +13,7 @@ import pytest
 from metroline.core.config import EngineConfig
 from metroline.core.requests.request import SamplingParams
 from metroline.core.requests.sequence import Sequence
-from metroline.policies.speculation import AdaptiveSpeculation, choose_drafts
+from metroline.policies.speculation import HISTORY_PRIOR_TOKENS, AdaptiveSpeculation, choose_drafts
 from metroline.testing import check_plugin
 
 
@@ -30,12 +30,13 @@ def _expected(a: float, k: int) -> float:
     return k + 1.0 if a == 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def _objective(rates, counts, costs, power):
-    """The step's seconds x the power mean's sum of (1 / E_i) ** power, as choose_drafts defines it."""
+def _objective(rates, counts, costs, power, weights=None):
+    """The step's seconds x the power mean's sum of w_i (1 / E_i) ** power, as choose_drafts defines it."""
     n, b = sum(counts), len(rates)
+    w = weights or [1.0] * b
     whole, part = divmod(n, b)
     seconds = costs[whole] + ((costs[whole + 1] - costs[whole]) * part / b if part else 0.0)
-    return seconds * sum(_expected(a, k) ** -power for a, k in zip(rates, counts)) ** (1 / power)
+    return seconds * sum(wi * _expected(a, k) ** -power for wi, a, k in zip(w, rates, counts)) ** (1 / power)
 
 
 def test_the_acceptance_estimate_counts_rejections_not_untested_drafts():
@@ -66,6 +67,69 @@ def test_the_chosen_drafts_are_the_best_of_every_allocation(power, rates, costs)
     assert _objective(rates, chosen, costs, power) == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (3.0, 1.0, 0.5), (0.2, 0.2, 5.0)])
+@pytest.mark.parametrize("rates", [(0.2, 0.6, 0.9), (0.5, 0.5, 0.5)])
+def test_the_weighted_drafts_are_the_best_of_every_allocation(weights, rates):
+    costs = [10.0, 10.0, 11.0, 14.0]
+    chosen = choose_drafts(list(rates), 3, costs, 0.0, 2.0, list(weights))
+    best = min(_objective(rates, c, costs, 2.0, weights) for c in itertools.product(range(4), repeat=3))
+    assert _objective(rates, chosen, costs, 2.0, weights) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_slow_requests_weight_moves_the_one_draft_worth_taking_to_it():
+    """Acceptances 0.2 and 0.8, one draft each at most, power 1; a draft per decode adds 1.5 s to
+    a 10 s step. Unweighted: no draft is 10 x 2 = 20; the 0.8 decode's (its cut 1 - 1/1.8 the
+    larger) 11.5 x (2 - 0.444) = 17.9; both 13 x (1/1.2 + 1/1.8) = 18.1: only the 0.8 decode
+    drafts. The 0.2 decode weighing 4 (it has been four times as slow): none 10 x 5 = 50; its
+    draft first (4 x (1 - 1/1.2) = 0.667 against 0.444) 11.5 x 4.333 = 49.8; both 13 x 3.889 =
+    50.6: only the slow decode drafts."""
+    costs = [10.0, 13.0]
+    assert choose_drafts([0.2, 0.8], 1, costs, 0.0, 1.0) == [0, 1]
+    assert choose_drafts([0.2, 0.8], 1, costs, 0.0, 1.0, [4.0, 1.0]) == [1, 0]
+    assert choose_drafts([0.2, 0.8], 1, costs, 0.0, 1.0, [1.0, 1.0]) == [0, 1]
+
+
+def _decoding_since(first_token: float, outputs: int, rid: str) -> Sequence:
+    s = _seq(rid=rid)
+    s.token_ids.extend([7] * (outputs - 1))
+    s.num_computed_tokens = len(s.token_ids) - 1
+    s.first_token_time = first_token
+    return s
+
+
+def test_each_decodes_weight_is_its_seconds_per_token_so_far_over_the_batchs_mean():
+    """At 1 s, with the step at 0.02 s and 2 prior tokens: a decode since 0 s with 11 output tokens
+    spent (1 + 2 x 0.02) / (10 + 2) = 0.0867 s a token; a new decode (its first token only) counts
+    as the step, (0 + 0.04) / 2 = 0.02; one since 0.5 s with 51 tokens (0.5 + 0.04) / 52."""
+    assert HISTORY_PRIOR_TOKENS == 2
+    decodes = [_decoding_since(0.0, 11, "slow"), _decoding_since(1.0, 1, "new"), _decoding_since(0.5, 51, "fast")]
+    times = [1.04 / 12, 0.04 / 2, 0.54 / 52]
+    mean = sum(times) / 3
+    for q in (1.0, 2.0):
+        got = AdaptiveSpeculation(tail_weight=q).weights(1.0, decodes, 0.02)
+        assert got == pytest.approx([(t / mean) ** q for t in times], rel=1e-12)
+    assert AdaptiveSpeculation(tail_weight=0.0).weights(1.0, decodes, 0.02) == [1.0, 1.0, 1.0]
+
+
+def test_the_slowest_request_so_far_gets_the_drafts_the_step_can_afford():
+    """64 decodes at the same measured acceptance (30 accepted, 30 rejections: 0.51 with the prior)
+    in a compute-bound step of the roofline model: with every decode alike (`tail_weight` 0) they
+    all get the same drafts; when one of them has spent ten times the others' seconds per token so
+    far, it gets at least as many as any other, and more than the least served."""
+    decodes = [_decoding_since(0.0, 101, f"r{i}") for i in range(64)]
+    for s in decodes:
+        s.num_accepted_tokens, s.num_draft_rejections = 30, 30
+    slow = decodes[5]
+    slow.token_ids[slow.num_prompt_tokens + 11:] = []  # 11 output tokens in the same time: 10x slower
+    slow.num_computed_tokens = len(slow.token_ids) - 1
+    ctx = _ctx(decodes, max_num_seqs=64)
+    ctx.now = 2.0
+    alike = AdaptiveSpeculation(tail_weight=0.0).num_draft_tokens(ctx=ctx, decodes=decodes, max_drafts=4)
+    assert len(set(alike[:5] + alike[6:])) == 1 and alike[5] == alike[0]
+    weighted = AdaptiveSpeculation(tail_weight=1.0).num_draft_tokens(ctx=ctx, decodes=decodes, max_drafts=4)
+    assert weighted[5] == max(weighted) and weighted[5] > min(weighted)
+
+
 def test_a_higher_tail_power_favours_the_low_acceptance_decodes():
     """Power 1 minimises the mean seconds per token; a larger power weighs the slowest decode
     (the low-acceptance one) more, so it never gets fewer drafts, and the others never more."""
@@ -85,7 +149,8 @@ def test_a_draft_models_forward_is_paid_per_draft_position():
 def _ctx(decodes, waiting=(), spec=None, **config):
     config = EngineConfig(speculative_config=spec or {"method": "draft_model", "model": "d", "num_speculative_tokens": 4,
                                                       "draft_cost": 0.0}, **config)
-    return SimpleNamespace(config=config, block_size=config.block_size, running=list(decodes), waiting=list(waiting))
+    return SimpleNamespace(config=config, block_size=config.block_size, running=list(decodes), waiting=list(waiting),
+                           now=0.0)
 
 
 def test_drafts_fall_as_the_batch_grows_on_the_roofline_model():
