@@ -26,7 +26,15 @@ arm and each arm named by `--tail-arms`: the N requests of largest TPOT with the
 finish times, output tokens and acceptance draw, and when the batch first held 64 decodes (the end
 of the cold start, where every step is a full 2,048-token prefill chunk).
 
-Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5] [--tail 8]
+`--warmup-s W` (with part 2): measure the steady state of high load, not the cold start of an
+empty engine: every arm's runs are measured in the same window (`compare_arms(measure=)`, as
+`compare --warmup`): the requests that arrive in the first W seconds are left out of the latency
+figures (they still load the engine), and throughput is the output tokens produced from W seconds on
+over the window. With `--requests` in the thousands the window is most of the run. `--acceptance
+MEAN,CONCENTRATION` redraws every arm's per-request acceptance from Beta(MEAN x C, (1 - MEAN) x C)
+instead of the arms file's (0.6, 4).
+
+Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5] [--tail 8] [--warmup-s 20]
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from metroline.core.experiments.arms import compare_arms, load_arms  # noqa: E40
 from metroline.core.requests.request import SamplingParams  # noqa: E402
 from metroline.core.results.collector import DECODING, TIME_S  # noqa: E402
 from metroline.core.requests.sequence import Sequence  # noqa: E402
+from metroline.core.results.horizon import MeasurementWindow  # noqa: E402
 from metroline.core.results.min_effect import CORRECTIONS, DEFAULT_CORRECTION  # noqa: E402
 from metroline.core.workloads.build import build_workload  # noqa: E402
 from metroline.executors.cost_models import make_cost_model  # noqa: E402
@@ -90,15 +99,37 @@ def part1(args: argparse.Namespace) -> None:
               f"{g_both:5.2f}x {both['tpot_p99']:8.2f} | {total:5.2f}x {product:6.2f}x | {where}")
 
 
-def part2(args: argparse.Namespace) -> None:
+def study_arms(args: argparse.Namespace) -> list:
+    """The arms of `bench/spec_arms.toml`, their acceptance draw replaced by `--acceptance`'s."""
     arms = load_arms(ARMS)
+    if args.acceptance:
+        rate, concentration = (float(x) for x in args.acceptance.split(","))
+        change = {"acceptance_rate": rate, "acceptance_concentration": concentration}
+        arms = [arm.model_copy(update={"config": {**arm.config, "speculative_config": {
+            **arm.config["speculative_config"], **change}}}) if arm.config.get("speculative_config") else arm
+            for arm in arms]
+    return arms
+
+
+def part2(args: argparse.Namespace) -> None:
+    arms = study_arms(args)
+    acceptance = args.acceptance or "0.6,4"
+    rate, concentration = acceptance.split(",")
     print(f"== part 2: P99 TPOT at high load: azure-conv, first {args.requests} requests x{args.load} rate, batch 64, "
-          f"{args.seeds} seeds (paired), the arms of {ARMS.relative_to(ARMS.parents[1])} (acceptance Beta around 0.6, "
-          f"concentration 4); verdicts controlled over the whole table ({args.correction}), as `compare --arms` gives them")
+          f"{args.seeds} seeds (paired), the arms of {ARMS.relative_to(ARMS.parents[1])} (acceptance Beta around {rate}, "
+          f"concentration {concentration}); verdicts controlled over the whole table ({args.correction}), as "
+          f"`compare --arms` gives them")
+    measure = MeasurementWindow(args.warmup_s) if args.warmup_s else None
+    if measure:
+        print(f"   steady state: requests arriving before {args.warmup_s:g} s left out of every arm's latency figures; "
+              f"throughput over the output tokens from {args.warmup_s:g} s on")
     seeds = list(range(args.seeds))
     draws = [build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=s) for s in seeds]
     config = EngineConfig(max_num_seqs=64, num_blocks=8192)
-    result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs, correction=args.correction)
+    result = compare_arms(arms, draws, seeds, config=config, jobs=args.jobs, correction=args.correction,
+                          measure=measure)
+    print(f"   the last arrival at {min(d.items[-1].arrival_s for d in draws):.1f} to "
+          f"{max(d.items[-1].arrival_s for d in draws):.1f} s")
     table = result["comparison"]["policies"]
     base = arms[0].name
     for key, title, scale, unit in (("summary.tpot_s.p99", "P99 TPOT", 1e3, "ms"), ("summary.tpot_s.mean", "mean TPOT", 1e3, "ms"),
@@ -117,9 +148,10 @@ def part2(args: argparse.Namespace) -> None:
 
 def tail(args: argparse.Namespace) -> None:
     """The `--tail` largest TPOTs of the first draw under the adaptive arm and `--tail-arms`."""
-    arms = {a.name: a for a in load_arms(ARMS)}
+    arms = {a.name: a for a in study_arms(args)}
     workload = build_workload("azure-conv", max_requests=args.requests, rate_scale=args.load, seed=0)
-    print(f"== part 2, the P99 TPOT's requests: draw 0, the {args.tail} largest TPOTs of each arm")
+    print(f"== part 2, the P99 TPOT's requests: draw 0, the {args.tail} largest TPOTs of each arm"
+          + (f", of the requests arriving from {args.warmup_s:g} s on" if args.warmup_s else ""))
     for name in ["adaptive", *args.tail_arms.split(",")]:
         config = arms[name].engine_config(EngineConfig(max_num_seqs=64, num_blocks=8192))
         _, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("roofline")))
@@ -127,7 +159,7 @@ def tail(args: argparse.Namespace) -> None:
         full = next((s[TIME_S] for s in steps if s[DECODING] >= config.max_num_seqs), None)
         model = AcceptanceModel(config.speculative_config) if config.speculative_config else None
         rows = sorted(((r.finish_s - r.first_token_s) / (r.output_tokens - 1), r) for r in engine.metrics.requests
-                      if r.output_tokens >= 2 and r.finish_s is not None)
+                      if r.output_tokens >= 2 and r.finish_s is not None and r.arrival_s >= args.warmup_s)
         p99 = float(np.percentile([t for t, _ in rows], 99))
         print(f"  {name}: P99 TPOT {p99 * 1e3:.1f} ms; the batch first held {config.max_num_seqs} decodes at "
               f"{full if full is None else round(full, 2)} s")
@@ -148,6 +180,10 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--correction", choices=CORRECTIONS, default=DEFAULT_CORRECTION, help="part 2's family-wise correction")
     p.add_argument("--draft-cost", type=float, default=0.05)
+    p.add_argument("--warmup-s", type=float, default=0.0,
+                   help="part 2: leave out the requests arriving in the first W seconds (the cold start), every arm alike")
+    p.add_argument("--acceptance", default="", metavar="MEAN,CONCENTRATION",
+                   help="part 2: every arm's per-request acceptance from Beta around MEAN (default: the arms file's 0.6,4)")
     p.add_argument("--part", type=int, choices=(1, 2))
     p.add_argument("--tail", type=int, default=0, help="part 2: print the N largest TPOTs of draw 0 per arm")
     p.add_argument("--tail-arms", default="k1,k2,k3", help="the fixed arms --tail shows beside the adaptive one")

@@ -61,6 +61,26 @@ def test_compare_arms_from_python():
     assert b["values"] == pytest.approx([1.5 * STEP, 1.5 * STEP])
 
 
+def test_compare_arms_measures_every_arm_in_the_window():
+    """`measure`: the requests arriving in the warm-up are left out of every arm's figures, and
+    throughput counts only the tokens produced after it (as `compare --warmup`)."""
+    from metroline.core.results.horizon import MeasurementWindow
+
+    items = generate(SyntheticSpec(num_requests=20, rate=5.0, prompt_len=16, output_len=10, seed=0))
+    assert all(a.arrival_s < b.arrival_s for a, b in zip(items, items[1:]))
+    warmup = items[7].arrival_s  # requests 7.. arrive from it on: 13 measured
+    arms = [Arm(name="a"), Arm(name="b", cost_params={"slowdown": 2.0})]
+    common = dict(cost_model="steps", cost_params={"step_time": STEP}, jobs=1)
+    result = compare_arms(arms, [Workload("w", items)], [0], measure=MeasurementWindow(warmup), **common)
+    whole = compare_arms(arms, [Workload("w", items)], [0], **common)
+    for doc, full in zip(result["runs"], whole["runs"]):
+        assert doc["measurement"] == {"warmup_s": warmup, "horizon_s": None} and "measurement" not in full
+        assert doc["summary"]["completed"] == 13 and full["summary"]["completed"] == 20
+        assert 0 < doc["summary"]["output_tokens"] < full["summary"]["output_tokens"]
+    b = result["comparison"]["policies"]["b"]["summary.tpot_s.mean"]["values"]
+    assert b == pytest.approx([2 * STEP])  # light load: one token a step, the slowed step
+
+
 SPEC_ARMS = """[arms.none]
 policy = "fcfs"
 

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import EngineConfig
+from ..results.horizon import MeasurementWindow
 from ..results.min_effect import DEFAULT_CORRECTION
 
 
@@ -112,11 +113,14 @@ def compare_arms(
     arms: list[Arm], draws: list[Any], seeds: list[int], *, config: EngineConfig | None = None,
     cost_model: str = "roofline", cost_params: dict[str, Any] | None = None, jobs: int | None = None,
     min_effect: dict[str, float] | None = None, correction: str = DEFAULT_CORRECTION,
+    measure: MeasurementWindow | None = None,
 ) -> dict[str, Any]:
     """Run every arm on every workload of `draws` (one per seed of `seeds`, the same draws for
     every arm) and compare them with the first arm, as `compare --seeds` does: `{"runs",
     "comparison"}` (`paired.paired_comparison`, verdicts controlled over the table by
-    `correction`: "maxt", "holm" or "none", as `compare --correction`)."""
+    `correction`: "maxt", "holm" or "none", as `compare --correction`). `measure`: every run's
+    measurement window (a warm-up left out, a horizon; `metroline.core.results.horizon`), as
+    `compare --warmup/--horizon`."""
     from ..results.paired import paired_comparison
     from .parallel import run_many
 
@@ -128,7 +132,7 @@ def compare_arms(
     factories = [a.executor_factory(cost_model, cost_params) for a in arms]
     runs = [(w, c) for w in draws for c in configs]
     results = run_many(runs, [f for _ in draws for f in factories], jobs=jobs,
-                       labels=[f"{n}#{s}" for s in seeds for n in names])
+                       labels=[f"{n}#{s}" for s in seeds for n in names], measure=measure)
     docs = [doc for doc, _ in results]
     for i, doc in enumerate(docs):
         doc["arm"] = names[i % len(arms)]
