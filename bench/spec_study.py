@@ -32,7 +32,8 @@ empty engine: every arm's runs are measured in the same window (`compare_arms(me
 figures (they still load the engine), and throughput is the output tokens produced from W seconds on
 over the window. With `--requests` in the thousands the window is most of the run. `--acceptance
 MEAN,CONCENTRATION` redraws every arm's per-request acceptance from Beta(MEAN x C, (1 - MEAN) x C)
-instead of the arms file's (0.6, 4).
+instead of the arms file's (0.6, 4). `--adaptive-option KEY=JSON` sets an option of the adaptive
+arm's `adaptive_speculation` (`tail_power=32`).
 
 Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5] [--tail 8] [--warmup-s 20]
 """
@@ -40,6 +41,7 @@ Run:  .venv/bin/python bench/spec_study.py [--requests 400] [--seeds 5] [--tail 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from statistics import mean
@@ -102,6 +104,10 @@ def part1(args: argparse.Namespace) -> None:
 def study_arms(args: argparse.Namespace) -> list:
     """The arms of `bench/spec_arms.toml`, their acceptance draw replaced by `--acceptance`'s."""
     arms = load_arms(ARMS)
+    if args.adaptive_option:
+        options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.adaptive_option)}
+        arms = [arm.model_copy(update={"config": {**arm.config, "plugin_options": {"adaptive_speculation": options}}})
+                if arm.name == "adaptive" else arm for arm in arms]
     if args.acceptance:
         rate, concentration = (float(x) for x in args.acceptance.split(","))
         change = {"acceptance_rate": rate, "acceptance_concentration": concentration}
@@ -118,7 +124,7 @@ def part2(args: argparse.Namespace) -> None:
     print(f"== part 2: P99 TPOT at high load: azure-conv, first {args.requests} requests x{args.load} rate, batch 64, "
           f"{args.seeds} seeds (paired), the arms of {ARMS.relative_to(ARMS.parents[1])} (acceptance Beta around {rate}, "
           f"concentration {concentration}); verdicts controlled over the whole table ({args.correction}), as "
-          f"`compare --arms` gives them")
+          f"`compare --arms` gives them" + (f"; adaptive with {' '.join(args.adaptive_option)}" if args.adaptive_option else ""))
     measure = MeasurementWindow(args.warmup_s) if args.warmup_s else None
     if measure:
         print(f"   steady state: requests arriving before {args.warmup_s:g} s left out of every arm's latency figures; "
@@ -184,6 +190,8 @@ def main() -> None:
                    help="part 2: leave out the requests arriving in the first W seconds (the cold start), every arm alike")
     p.add_argument("--acceptance", default="", metavar="MEAN,CONCENTRATION",
                    help="part 2: every arm's per-request acceptance from Beta around MEAN (default: the arms file's 0.6,4)")
+    p.add_argument("--adaptive-option", action="append", default=[], metavar="KEY=JSON",
+                   help="part 2: an option of the adaptive arm's adaptive_speculation (e.g. tail_power=32); repeatable")
     p.add_argument("--part", type=int, choices=(1, 2))
     p.add_argument("--tail", type=int, default=0, help="part 2: print the N largest TPOTs of draw 0 per arm")
     p.add_argument("--tail-arms", default="k1,k2,k3", help="the fixed arms --tail shows beside the adaptive one")
