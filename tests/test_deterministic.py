@@ -49,6 +49,16 @@ QUICK = ("companions-7", "chunk-16", "recompute", "swap")
 SMOLLM2 = ("companions-7", "chunk-16", "recompute-7", "swap-7")
 """SmolLM2's subset: 7 companions, 16-token chunks, preemption by recompute and by swap, all on
 the same 8 prompts (each of them run alone once)."""
+SMOLLM2_MAX_NEW = 3
+"""Tokens each request generates on SmolLM2: the first (from the prefill) and two decodes, the
+second of which reads KV that a decode row wrote. In the mode every forward is 32 rows, so a lone
+decode costs as much as 32 prompt tokens: each token past these would add a model call to every
+one of the 8 alone runs and every scenario (and bfloat16 is 4-6x float32 on CPUs without bfloat16
+instructions) without a kind of step the first three do not already have."""
+SMOLLM2_SEARCH = ("chunk-16", "companions-7", "recompute-7", "swap-7")
+"""The order in which `first_difference` looks for a difference without the mode on SmolLM2:
+the subset, chunked prefill first (7 companions prefilled in one step gave every greedy and seeded
+request its alone bits in both dtypes, so starting there ran six requests alone for nothing)."""
 ARCHITECTURES = ("qwen3", "gemma2", "gpt_neox")
 
 
@@ -57,8 +67,8 @@ def prompts_for(vocab: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(rng.randint(1, 80))] for _ in range(32)]
 
 
-def request(i: int, prompt: list[int]) -> dict[str, Any]:
-    sampling: dict[str, Any] = {"max_new_tokens": MAX_NEW, "ignore_eos": True, "logprobs": 1}
+def request(i: int, prompt: list[int], max_new: int = MAX_NEW) -> dict[str, Any]:
+    sampling: dict[str, Any] = {"max_new_tokens": max_new, "ignore_eos": True, "logprobs": 1}
     if i % 2:
         sampling.update(temperature=0.8, top_p=0.9, seed=i if i % 4 == 1 else None)
     else:
@@ -72,54 +82,57 @@ def fingerprint(seq: Any) -> tuple:
     return tuple(seq.output_token_ids), bits
 
 
-def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], deterministic: bool, **settings: Any) -> tuple[dict, list]:
+def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], deterministic: bool, max_new: int = MAX_NEW,
+        **settings: Any) -> tuple[dict, list]:
     eng = Engine(EngineConfig(**{**BASE, **settings, "deterministic": deterministic}), ex)
-    results = eng.generate(request(i, p) for i, p in items)
+    results = eng.generate(request(i, p, max_new) for i, p in items)
     eng.pool.check_invariants([])
     seqs = [s for v in results.values() for s in v]
     return {s.request_id: fingerprint(s) for s in seqs}, seqs
 
 
-def prefix_case(ex: TorchExecutor, vocab: int, deterministic: bool) -> int:
+def prefix_case(ex: TorchExecutor, vocab: int, deterministic: bool, max_new: int = MAX_NEW) -> int:
     """A prompt whose first 40 tokens another request computed before (a prefix hit) against the
     same prompt alone in a fresh engine; returns 1 when they differ."""
     rng = random.Random(7)
     head = [rng.randrange(vocab) for _ in range(40)]
     first, second = head + [1, 2, 3], head + [rng.randrange(vocab) for _ in range(13)]
-    alone, _ = run(ex, [(5, second)], deterministic)
+    alone, _ = run(ex, [(5, second)], deterministic, max_new)
     eng = Engine(EngineConfig(**BASE, deterministic=deterministic), ex)
     warm = request(4, first)
     warm["sampling"]["max_new_tokens"] = 1  # it only fills the cache: its own decodes would prove nothing
     eng.generate([warm])
-    results = eng.generate([request(5, second)])
+    results = eng.generate([request(5, second, max_new)])
     (seq,) = results["5"]
     assert seq.num_cached_prompt_tokens >= 32  # two whole blocks of 16 came from the cache
     return int(fingerprint(seq) != alone["5"])
 
 
-def differences(ex: TorchExecutor, vocab: int, deterministic: bool, scenarios: tuple[str, ...]) -> dict[str, int]:
-    """For each scenario, how many requests' fingerprints differ from the same request run alone."""
+def differences(ex: TorchExecutor, vocab: int, deterministic: bool, scenarios: tuple[str, ...],
+                max_new: int = MAX_NEW) -> dict[str, int]:
+    """For each scenario, how many requests' fingerprints differ from the same request run alone
+    (each request generating `max_new` tokens)."""
     prompts = prompts_for(vocab)
     needed = max(abs(SCENARIOS[name][0]) for name in scenarios)
     alone = {}
     for i in range(needed):
-        alone.update(run(ex, [(i, prompts[i])], deterministic)[0])
+        alone.update(run(ex, [(i, prompts[i])], deterministic, max_new)[0])
     found = {}
     for name in scenarios:
         count, settings = SCENARIOS[name]
         items = list(enumerate(prompts[:abs(count)]))
-        got, seqs = run(ex, items[::-1] if count < 0 else items, deterministic, **settings)
+        got, seqs = run(ex, items[::-1] if count < 0 else items, deterministic, max_new, **settings)
         if name.startswith(("recompute", "swap")):
             assert sum(s.num_preemptions for s in seqs) > 0, f"{name}: nothing was preempted"
         # without the mode an unseeded draw differs by design (a generator the rows share): only
         # greedy and seeded requests count there, so a difference is one of numbers
         counted = [rid for rid in got if deterministic or int(rid) % 4 != 3]
         found[name] = sum(got[rid] != alone[rid] for rid in counted)
-    found["prefix-hit"] = prefix_case(ex, vocab, deterministic)
+    found["prefix-hit"] = prefix_case(ex, vocab, deterministic, max_new)
     return found
 
 
-def first_difference(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...]) -> str | None:
+def first_difference(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], max_new: int = MAX_NEW) -> str | None:
     """Without the mode: the first of `scenarios` (then "prefix-hit") in which a greedy or seeded
     request's fingerprint differs from the same request run alone, or None when none does. It stops
     at the first difference, which is all "without the mode the runs differ" needs; a request is run
@@ -130,24 +143,26 @@ def first_difference(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...]) 
     for name in scenarios:
         count, settings = SCENARIOS[name]
         items = list(enumerate(prompts[:abs(count)]))
-        got, _ = run(ex, items[::-1] if count < 0 else items, False, **settings)
+        got, _ = run(ex, items[::-1] if count < 0 else items, False, max_new, **settings)
         for i, prompt in items:
             if i % 4 == 3:
                 continue
             if str(i) not in alone:
-                alone.update(run(ex, [(i, prompt)], False)[0])
+                alone.update(run(ex, [(i, prompt)], False, max_new)[0])
             if got[str(i)] != alone[str(i)]:
                 return name
-    return "prefix-hit" if prefix_case(ex, vocab, False) else None
+    return "prefix-hit" if prefix_case(ex, vocab, False, max_new) else None
 
 
 def smollm2_subset(dtype: str) -> None:
     """SmolLM2-135M in `dtype` on its subset (`SMOLLM2`) and a prefix hit: bitwise equal with the
     mode; and without it, some request's bits differ (`tests/test_deterministic_smollm2*.py`, one
-    file per dtype, so that `pytest -n 2 --dist loadfile` runs them in both workers)."""
+    file per dtype, so that `pytest -n 2 --dist loadfile` runs them in both workers), each request
+    generating `SMOLLM2_MAX_NEW` tokens."""
     ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
-    assert differences(ex, 1000, True, SMOLLM2) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
-    assert first_difference(ex, 1000, SMOLLM2) is not None
+    assert differences(ex, 1000, True, SMOLLM2, SMOLLM2_MAX_NEW) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
+    assert sorted(SMOLLM2_SEARCH) == sorted(SMOLLM2)
+    assert first_difference(ex, 1000, SMOLLM2_SEARCH, SMOLLM2_MAX_NEW) is not None
 
 
 def tiny(name: str, dtype: torch.dtype) -> tuple[TorchExecutor, int]:
