@@ -4,6 +4,7 @@ a wrapper stacked on fcfs that filters admission, and precedence."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -197,6 +198,35 @@ def test_a_plugin_loads_by_entry_point(entry_point_dist):
 def test_a_broken_entry_point_is_a_load_error(entry_point_dist):
     with pytest.raises(PluginLoadError, match="plugin 'broken_ep': entry point 'mtl_no_such_module:Plugin' failed"):
         PluginManager(EngineConfig(plugins=["broken_ep"]))
+
+
+def test_a_distribution_installed_after_a_lookup_is_found_and_none_rescans_without_one(tmp_path, monkeypatch):
+    """The entry points are scanned once and kept while `sys.path` and its folders stay as they
+    are: a second lookup reads no metadata; a distribution installed after the first lookup (a
+    `.dist-info` folder added to a folder of `sys.path`) is found by the next one."""
+    from metroline.core.plugins import loader
+
+    scans = []
+    real = loader.entry_points
+    monkeypatch.setattr(loader, "entry_points", lambda **kw: scans.append(kw) or real(**kw))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for _ in range(2):
+        with pytest.raises(PluginLoadError, match="unknown plugin 'late_ep'"):
+            loader.resolve("late_ep")
+    assert len(scans) == 1
+    (tmp_path / "mtl_late_ep_plugin.py").write_text("from metroline.policies.fcfs import FCFS as Plugin\n")
+    info = tmp_path / "late_dist-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: late_dist\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[metroline.plugins]\nlate_ep = mtl_late_ep_plugin:Plugin\n")
+    # an install takes longer than the folder clock's tick (a few ms): make sure the time moved on
+    stat = tmp_path.stat()
+    os.utime(tmp_path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    try:
+        assert loader.resolve("late_ep") is FCFS
+    finally:
+        sys.modules.pop("mtl_late_ep_plugin", None)
+    assert len(scans) == 2
 
 
 def test_metroline_plugins_lists_loaded_plugins_hooks_and_entry_points(entry_point_dist, plugin_module, capsys):

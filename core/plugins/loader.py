@@ -68,11 +68,34 @@ ROUTERS: dict[str, str] = {
 """Shipped routers by name (`--router NAME`): plugins of the `route` hook, for a cluster."""
 
 
+_installed: tuple[tuple, tuple] = ((), ())  # (key, entry points) of the last scan
+
+
+def installed_entry_points() -> tuple[Any, ...]:
+    """The entry points of `ENTRY_POINT_GROUP` in the installed distributions. Scanning every
+    distribution's metadata takes milliseconds, and an engine resolves each of its plugin specs, so
+    the scan is kept until `sys.path` or the modification time of one of its folders changes:
+    installing, upgrading or removing a distribution adds or removes a `.dist-info` folder there
+    (what `importlib.metadata` keys its own folder listings on)."""
+    global _installed
+    key = tuple((entry, _mtime(entry)) for entry in map(os.path.abspath, sys.path))  # '' is the current folder
+    if _installed[0] != key:
+        _installed = (key, tuple(entry_points(group=ENTRY_POINT_GROUP)))
+    return _installed[1]
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 def resolve(spec: str) -> Any:
     """The object a plugin spec names (see the module docstring)."""
     if spec in SHIPPED:
         return import_dotted(SHIPPED[spec], f"plugin {spec!r}")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in installed_entry_points():
         if ep.name == spec:
             try:
                 return ep.load()
@@ -80,7 +103,7 @@ def resolve(spec: str) -> Any:
                 raise PluginLoadError(f"plugin {spec!r}: entry point {ep.value!r} failed to load: {exc}") from exc
     if ("." in spec or ":" in spec) and all(p.isidentifier() for p in spec.replace(":", ".").split(".")):
         return import_dotted(spec, f"plugin {spec!r}")
-    known = sorted(set(SHIPPED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    known = sorted(set(SHIPPED) | {ep.name for ep in installed_entry_points()})
     close = difflib.get_close_matches(spec, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise PluginLoadError(
