@@ -18,13 +18,15 @@ engine, `--seeds` redraws, the arms of `bench/spec_arms.toml` (`adaptive_specula
 5 drafts, k = 1..5, no speculation; each request's acceptance drawn from Beta around 0.6,
 concentration 4, keyed on request and position so the arms are paired) run by `compare_arms`, as
 `metroline compare --arms bench/spec_arms.toml` runs them: P99 TPOT of each arm with the 95 %
-interval of its paired difference from the adaptive arm and the verdict, controlled over the
-whole table of metrics (`--correction`: maxt, the default, holm or none, as `compare --correction`).
+interval of its paired difference from the adaptive arm and the verdict (and the same for mean
+TPOT, throughput and P99 TTFT), controlled over the whole table of metrics (`--correction`: maxt, the default, holm or none, as `compare --correction`).
 
-`--tail N` (with part 2): which requests make the P99 TPOT, on the first draw, for the adaptive
+`--tail N` (with part 2; `--seeds 0` runs only this): which requests make the P99 TPOT, on the first draw, for the adaptive
 arm and each arm named by `--tail-arms`: the N requests of largest TPOT with their first-token and
 finish times, output tokens and acceptance draw, and when the batch first held 64 decodes (the end
-of the cold start, where every step is a full 2,048-token prefill chunk).
+of the cold start, where every step is a full 2,048-token prefill chunk); and the steps from
+`--warmup-s` to the last arrival: their mean length, decodes a step, and the tokens a decode gains a
+step (a request whose drafts all fail gains 1, so its TPOT is the mean step).
 
 `--warmup-s W` (with part 2): measure the steady state of high load, not the cold start of an
 empty engine: every arm's runs are measured in the same window (`compare_arms(measure=)`, as
@@ -55,7 +57,7 @@ from metroline.core.config import EngineConfig  # noqa: E402
 from metroline.core.experiments.runner import run_workload  # noqa: E402
 from metroline.core.experiments.arms import compare_arms, load_arms  # noqa: E402
 from metroline.core.requests.request import SamplingParams  # noqa: E402
-from metroline.core.results.collector import DECODING, TIME_S  # noqa: E402
+from metroline.core.results.collector import DECODING, DURATION_S, TIME_S  # noqa: E402
 from metroline.core.requests.sequence import Sequence  # noqa: E402
 from metroline.core.results.horizon import MeasurementWindow  # noqa: E402
 from metroline.core.results.min_effect import CORRECTIONS, DEFAULT_CORRECTION  # noqa: E402
@@ -139,7 +141,8 @@ def part2(args: argparse.Namespace) -> None:
     table = result["comparison"]["policies"]
     base = arms[0].name
     for key, title, scale, unit in (("summary.tpot_s.p99", "P99 TPOT", 1e3, "ms"), ("summary.tpot_s.mean", "mean TPOT", 1e3, "ms"),
-                                    ("summary.output_throughput_tok_s", "output throughput", 1.0, "tok/s")):
+                                    ("summary.output_throughput_tok_s", "output throughput", 1.0, "tok/s"),
+                                    ("summary.ttft_s.p99", "P99 TTFT", 1.0, "s")):
         values = table[base][key]["values"]
         print(f"  {title}: {base} {' '.join(f'{v * scale:.1f}' for v in values)} {unit}, mean {mean(values) * scale:.1f}")
         for arm in arms[1:]:
@@ -160,7 +163,7 @@ def tail(args: argparse.Namespace) -> None:
           + (f", of the requests arriving from {args.warmup_s:g} s on" if args.warmup_s else ""))
     for name in ["adaptive", *args.tail_arms.split(",")]:
         config = arms[name].engine_config(EngineConfig(max_num_seqs=64, num_blocks=8192))
-        _, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("roofline")))
+        doc, engine = run_workload(workload, config, SimulatedExecutor(make_cost_model("roofline")))
         steps = engine.metrics.steps
         full = next((s[TIME_S] for s in steps if s[DECODING] >= config.max_num_seqs), None)
         model = AcceptanceModel(config.speculative_config) if config.speculative_config else None
@@ -169,6 +172,14 @@ def tail(args: argparse.Namespace) -> None:
         p99 = float(np.percentile([t for t, _ in rows], 99))
         print(f"  {name}: P99 TPOT {p99 * 1e3:.1f} ms; the batch first held {config.max_num_seqs} decodes at "
               f"{full if full is None else round(full, 2)} s")
+        window = [s for s in steps if args.warmup_s <= s[TIME_S] <= workload.items[-1].arrival_s]
+        if window:
+            spec = doc.get("speculation") or {}
+            print(f"    steps from {args.warmup_s:g} s to the last arrival: {len(window)}, mean "
+                  f"{sum(s[DURATION_S] for s in window) / len(window) * 1e3:.2f} ms, "
+                  f"{sum(s[DECODING] for s in window) / len(window):.1f} decodes a step; "
+                  f"tokens per request-step {spec.get('tokens_per_request_step') or 1.0:.2f}; "
+                  f"the run's throughput {doc['summary']['output_throughput_tok_s']:.0f} tok/s")
         for t, r in rows[::-1][:args.tail]:
             seq = Sequence(r.id.split("#")[0], [1], SamplingParams(max_new_tokens=1), 0.0)
             a = f"{model.rate(seq):.2f}" if model else "-"
@@ -181,7 +192,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--rate-scale", type=float, default=0.5, help="part 1's arrival rate scale")
     p.add_argument("--load", type=float, default=3.0, help="part 2's arrival rate scale (high load)")
-    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--seeds", type=int, default=5, help="part 2's draws (0: only --tail)")
     p.add_argument("--jobs", type=int, default=2, help="part 2's worker processes")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--correction", choices=CORRECTIONS, default=DEFAULT_CORRECTION, help="part 2's family-wise correction")
@@ -199,7 +210,8 @@ def main() -> None:
     if args.part in (None, 1):
         part1(args)
     if args.part in (None, 2):
-        part2(args)
+        if args.seeds:
+            part2(args)
         if args.tail:
             tail(args)
 

@@ -2,7 +2,7 @@
 token (a power mean over its decodes) under the cost model; it passes the conformance suite
 (under speculation). How it compares with every fixed k on P99 TPOT at high load is measured in
 bench/ (`bench/spec_study.py`, `bench/spec_arms.toml`; the README's speculation section: from a cold
-start and in the steady state, `--warmup-s`), not here."""
+start, within capacity and past it, `--warmup-s`), not here."""
 
 from __future__ import annotations
 
