@@ -1,7 +1,7 @@
-"""Record or check the result documents of the README's simulated runs.
+"""Record or check the result documents of the documentation's simulated runs (docs/guide/).
 
 A refactoring commit must change no simulated result. This script runs a fixed
-set of README runs (each policy, preemption by recompute and by swap, prefix
+set of the documented runs (each policy, preemption by recompute and by swap, prefix
 sharing, the contrib plugins, the vllm preset, a trace) and writes, for each,
 its JSON result document and its per-request CSV with the wall-clock fields
 removed. ``--check DIR`` runs them again and reports every difference.

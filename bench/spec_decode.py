@@ -8,8 +8,8 @@ on, `--max-new-tokens` at most. The same requests run without speculation and wi
 alternating the two (the order swapped each round, so drift in the machine's load hits both), each
 run's load average printed beside it. Printed: output tokens per second of each run, the medians
 and the speed-up of the medians, whether every output is identical token for token, and the
-drafts' acceptance rate and mean acceptance length. The malloc settings of the README's torch
-benchmarks are applied (the script re-executes itself with them).
+drafts' acceptance rate and mean acceptance length. The malloc settings of the documented torch
+benchmarks (docs/guide/benchmarks.md) are applied (the script re-executes itself with them).
 
 Run:  .venv/bin/python bench/spec_decode.py [--k 4] [--batch 1] [--max-new-tokens 96] [--threads 2] [--prompts N]
       [--repeats 3]

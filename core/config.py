@@ -72,7 +72,7 @@ class EngineConfig(BaseModel):
     `plugin_options` maps a plugin's name to its table of options, validated when the plugin is
     loaded against the plugin's `Options` model (`metroline plugins` lists them).
 
-    Fidelity options (what real engines do; defaults follow vLLM v1, see the README):
+    Fidelity options (what real engines do; defaults follow vLLM v1, see docs/guide/fidelity.md):
 
     - `admit_after_preemption` (default False): whether a step that preempted a request may still
       admit waiting ones. vLLM v1 admits nothing in such a step (`if not preempted_reqs:` before its

@@ -1,4 +1,4 @@
-"""Sphinx configuration of metroline's plugin guide and API reference.
+"""Sphinx configuration of metroline's documentation site: the user guide, the plugin guide and the API reference.
 
 Build (CI does, in tests/test_api_reference.py, with warnings as errors):
 
@@ -35,7 +35,7 @@ napoleon_numpy_docstring = False
 myst_heading_anchors = 3  # the guide links its own sections by their titles
 smartquotes = False  # quotes stay as the docstrings write them (they quote code)
 html_theme = "alabaster"
-html_title = "metroline: plugins"
+html_title = "metroline"
 
 
 def document_model_fields(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:

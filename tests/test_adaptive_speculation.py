@@ -1,7 +1,7 @@
 """`adaptive_speculation`: per request and step, the drafts that minimise the step's seconds per
 token (a power mean over its decodes) under the cost model; it passes the conformance suite
 (under speculation). How it compares with every fixed k on P99 TPOT at high load is measured in
-bench/ (`bench/spec_study.py`, `bench/spec_arms.toml`; the README's speculation section: from a cold
+bench/ (`bench/spec_study.py`, `bench/spec_arms.toml`; docs/guide/speculative-decoding.md: from a cold
 start, within capacity and past it, `--warmup-s`), not here."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ tokens under prompts up to 40, Phi-3's LongRoPE). The settings: plain, chunked p
 5), shared prefixes with copy-on-write (token-granular matching), and a tight pool preempting by
 recompute and by swap.
 
-The README's support matrix is rendered from `CASES` (`test_readme_matrix_is_the_tested_one`):
+The support matrix of docs/guide/real-executor.md is rendered from `CASES` (`test_readme_matrix_is_the_tested_one`):
 each row states what the parametrised test of that row asserts, so the table cannot drift from the
 code. `METROLINE_WRITE_MATRIX=1 pytest tests/test_model_support.py -k readme` rewrites it.
 """
@@ -262,7 +262,7 @@ def test_a_model_that_swallows_our_attention_is_refused_by_the_probe() -> None:
         TorchExecutor(model)
 
 
-# --- the README's matrix ------------------------------------------------------------------------
+# --- the documented matrix ----------------------------------------------------------------------
 
 BEGIN, END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 
@@ -276,14 +276,14 @@ def render_matrix() -> str:
 
 
 def test_readme_matrix_is_the_tested_one() -> None:
-    readme = Path(__file__).resolve().parent.parent / "README.md"
+    readme = Path(__file__).resolve().parent.parent / "docs" / "guide" / "real-executor.md"
     text = readme.read_text()
     table = render_matrix()
     if os.environ.get("METROLINE_WRITE_MATRIX"):
         text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
         readme.write_text(text)
     section = text.split(BEGIN, 1)[1].split(END, 1)[0].strip() if BEGIN in text else None
-    assert section == table, "README's support matrix differs: METROLINE_WRITE_MATRIX=1 rewrites it"
+    assert section == table, "the support matrix of docs/guide/real-executor.md differs: METROLINE_WRITE_MATRIX=1 rewrites it"
     exact = {c.model_type for c in CASES if c.refused is None}
     assert set(support.VERIFIED_ARCHITECTURES) == exact
     assert len({c.model_type for c in CASES}) >= 15

@@ -4,6 +4,6 @@
   processes (`compare`), `ray_runner.py` the same as Ray tasks (`--ray`);
 - `run_series.py`: a run's records and step log over time; `slo.py`: SLO checks and goodput;
 - `sweep.py`: load sweeps and capacity at SLO; `load_check.py`: too light or too heavy to compare
-  (`load_guidance.py`: the README's guidance, generated from it);
+  (`load_guidance.py`: the comparisons page's guidance, generated from it);
 - `manifest.py`: what ran; `replay_check.py`: rerun a document and compare.
 """

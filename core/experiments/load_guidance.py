@@ -1,9 +1,9 @@
-"""The README's load guidance, generated from the load check itself
+"""The load guidance of the comparisons page (docs/guide/comparisons.md), generated from the load check itself
 (`metroline.core.experiments.load_check`), so that its figures cannot go stale.
 
 Each case (`CASES`) is one run of a built-in workload on the default engine, at a `--rate-scale`,
 under a cost model; the check's verdict on it (light, fine, heavy or short), the capacity it
-estimates and the `--rate-scale` it suggests make one row of a table. The README holds the text
+estimates and the `--rate-scale` it suggests make one row of a table. That page holds the text
 between the markers `<!-- load-guidance:start -->` and `<!-- load-guidance:end -->`.
 `python -m metroline.core.experiments.load_guidance --write` reruns every case and rewrites it;
 `--check` exits 1 when it differs (tests/test_load_guidance.py checks each row). A case on a trace
@@ -22,7 +22,7 @@ from typing import Any
 from . import load_check
 
 START, END = "<!-- load-guidance:start -->", "<!-- load-guidance:end -->"
-DOCUMENT = "README.md"
+DOCUMENT = "docs/guide/comparisons.md"
 """The document holding the guidance, relative to the repository root."""
 
 

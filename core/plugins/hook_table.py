@@ -1,4 +1,4 @@
-"""The hook table of the README and of docs/plugins.md, generated from the hookspecs
+"""The hook table of the tenant plugins page (docs/guide/tenant-plugins.md) and of docs/plugins.md, generated from the hookspecs
 (`metroline.core.plugins.hookspecs`) so that the two cannot disagree with each other or with the
 code: one row per hook, its signature (the hookspec's arguments), its kind and the first sentence
 of its docstring.
@@ -21,7 +21,7 @@ from . import hookspecs
 from .loader import HOOK_NAMES
 
 START, END = "<!-- hook-table:start -->", "<!-- hook-table:end -->"
-DOCUMENTS = ("README.md", "docs/plugins.md")
+DOCUMENTS = ("docs/guide/tenant-plugins.md", "docs/plugins.md")
 """The documents holding the table, relative to the repository root."""
 
 EDGE_HOOKS = {"check_request": "edge (once per request)", "route": "cluster (once per request)"}

@@ -23,7 +23,7 @@ class RooflineConfig(StrictConfig):
     `link_bandwidth` bytes/s one way and `link_latency` seconds per collective; `node` (a
     `NODE_PRESETS` name) sets the GPU and the link at once. `layer_overhead` is seconds per layer
     per step (kernel launches and tails of the small matmuls a layer splits into; 0 by default:
-    fitted to Vidur's H100 timings it is 60 us, see the README's table).
+    fitted to Vidur's H100 timings it is 60 us, see the table of docs/guide/running.md).
     """
 
     model: Union[str, ModelShape] = "llama-3-8b"

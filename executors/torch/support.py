@@ -29,7 +29,7 @@ VERIFIED_ARCHITECTURES = (
     "olmo2", "gpt_neox", "gpt2", "opt", "gpt_oss", "starcoder2", "cohere", "granite",
 )
 """Model types that `tests/test_model_support.py` checks token for token against HF `generate`
-(the README's support matrix is made from that test)."""
+(the support matrix of docs/guide/real-executor.md is made from that test)."""
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 """Rope types whose frequencies are fixed at load: any pack of positions gets each its own rotation."""
