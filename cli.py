@@ -41,6 +41,14 @@ from .core.commands.sweep import add_seed_flags, cmd_sweep
 __all__ = ["POLICIES", "RUN_KEYS", "build_parser", "fit_config", "main", "resolve_options"]
 
 
+DESCRIPTION = ("metroline: a continuous-batching LLM inference scheduler whose policy is made of plugins. "
+               "Simulate workloads under policies (run, compare, sweep), generate text with a real model, "
+               "serve an OpenAI-compatible API, and check your own plugins (check-plugin).")
+"""What `metroline --help` says of the command (the module's docstring is for readers of the code)."""
+EPILOG = ("Each command's flags and their defaults: metroline COMMAND --help. "
+          "The user guide is docs/index.md in the source repository.")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors in metroline's one-line style."""
 
@@ -52,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command and its flags."""
-    parser = _Parser(prog="metroline", description=__doc__)
+    parser = _Parser(prog="metroline", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="simulate a workload under a policy and print its metrics")
     engine_flags(run)
@@ -98,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list the loaded plugins, the hooks each implements and their options")
     engine_flags(plugins)
     sub.add_parser("workloads", help="list the built-in workloads")
-    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (see core/serving)")
+    serve = sub.add_parser("serve", help="serve the engine behind an OpenAI-compatible HTTP API")
     engine_flags(serve)
     serve_flags(serve)
     cluster_flags(serve, serving=True)

@@ -98,11 +98,33 @@ def test_every_flag_has_help_with_its_default(command):
 def test_the_defaults_shown_are_the_configs():
     helps = {a.dest: a.help for a in subparser("run")._actions}
     engine, run = EngineConfig(), RunOptions()
-    for dest in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "max_model_len", "seed",
+    for dest in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "max_model_len",
                  "policy", "preemption_mode"):
         assert f"(default {getattr(engine, dest)})" in helps[dest], dest
     for dest in ("workload", "executor", "cost_model", "rate_scale", "length_scale", "window"):
         assert f"(default {getattr(run, dest)})" in helps[dest], dest
+    # leaving --seed out is not --seed 0 for a trace (replayed as recorded) or a spec file (its own seed)
+    assert "(default 0)" not in helps["seed"]
+    assert f"sampling use seed {engine.seed}, a trace is replayed as recorded" in " ".join(helps["seed"].split())
+
+
+def test_the_top_level_help_is_for_users(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "continuous-batching LLM inference scheduler" in out
+    assert "metroline COMMAND --help" in out
+    for internal in ("core/commands", "core/serving", "This module", "argparse"):
+        assert internal not in out, internal
+
+
+def test_a_run_under_a_preset_says_so_in_its_title(capsys):
+    assert cli.main(["run", "--preset", "vllm", "--max-requests", "20", "--cost-model", "steps"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("metroline | policy fcfs | preset vllm | workload chat | executor sim")
+    assert cli.main(["run", "--max-requests", "20", "--cost-model", "steps"]) == 0
+    assert "preset" not in capsys.readouterr().out.splitlines()[0]
 
 
 # --- paths in a config file ------------------------------------------------------------------------

@@ -160,4 +160,4 @@ def test_tables_show_fairness(records):
     rows = {line.split("  ")[0]: line.split() for line in format_comparison_table([doc, doc]).splitlines()}
     assert rows["Jain min"][-2:] == ["0.333", "0.333"]
     assert rows["Jain mean"][-2:] == ["0.667", "0.667"]
-    assert rows["max service gap"][-2:] == ["8.0", "8.0"]
+    assert rows["max service gap (tokens)"][-2:] == ["8.0", "8.0"]

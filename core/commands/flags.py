@@ -66,7 +66,10 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--deterministic", action="store_true", default=None,
                    help="torch executor: batch-invariant numerics, a request's tokens and logprobs bitwise the "
                    "same whatever its companions, chunking and preemptions, at a throughput cost (default: off)")
-    p.add_argument("--seed", type=int, help=f"seed of the synthetic workloads and of sampling {_default('seed')}")
+    p.add_argument("--seed", type=int,
+                   help=f"seed of the workload's draw and of sampling; without it (default) a built-in synthetic "
+                   f"workload and sampling use seed {EngineConfig.model_fields['seed'].default}, a trace is replayed as "
+                   "recorded (any --seed resamples it) and a spec file uses its own seed")
     p.add_argument("--speculative-config", metavar="JSON",
                    help="speculative decoding in vLLM's JSON shape, e.g. '{\"method\": \"ngram\", "
                    "\"num_speculative_tokens\": 4}' (method ngram or draft_model with model; "

@@ -72,8 +72,12 @@ speculation figures: a run with speculative decoding)."""
 
 
 def _title(doc: dict) -> str:
+    """The table's first line: policy, preset (when one is on), workload, executor, cost model."""
+    preset = (doc.get("config") or {}).get("preset")
     return (
-        f"metroline | policy {doc.get('policy', '?')} | workload {_name(doc.get('workload'))}"
+        f"metroline | policy {doc.get('policy', '?')}"
+        + (f" | preset {preset}" if preset else "")
+        + f" | workload {_name(doc.get('workload'))}"
         f" | executor {_name(doc.get('executor'))}"
         + (f" | cost model {label}" if (label := cost_model_label(doc.get("executor"))) else "")
     )
@@ -211,7 +215,7 @@ def print_summary_table(doc: dict, file: TextIO | None = None) -> None:
 FAIRNESS_ROWS = (
     ("Jain min", "min_jain", lambda v: fmt_float(v, 3)),
     ("Jain mean", "mean_jain", lambda v: fmt_float(v, 3)),
-    ("max service gap", "max_service_gap", lambda v: fmt_float(v, 1)),
+    ("max service gap (tokens)", "max_service_gap", lambda v: fmt_float(v, 1)),
 )
 """(label, fairness key, formatter) of the fairness rows of the comparison table."""
 
