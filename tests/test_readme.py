@@ -118,12 +118,18 @@ def test_the_compare_quickstart_prints_the_readmes_table(tmp_path):
 # --- quickstart 2: a tenant plugin -------------------------------------------------------------
 
 
-def tenant_running_max(table: str, tenant: str) -> int:
-    """The `running max` column of `tenant`'s row in a run's tenant table."""
+def tenant_row(table: str, tenant: str) -> list[str]:
+    """`tenant`'s row of a run's tenant table (requests, completed, tok/s, TTFT p50 and p99 in ms,
+    preempted, running mean, running max)."""
     header = next(line for line in table.splitlines() if line.split()[:2] == ["tenant", "requests"])
-    assert header.split()[-2:] == ["running", "max"]
+    assert " ".join(header.split()) == ("tenant requests completed tok/s TTFT p50 ms TTFT p99 ms preempted "
+                                        "running mean running max")
     (row,) = [line for line in table.splitlines() if line.split()[:1] == [tenant]]
-    return int(row.split()[-1])
+    return row.split()
+
+
+def tenant_running_max(table: str, tenant: str) -> int:
+    return int(tenant_row(table, tenant)[-1])
 
 
 def test_the_plugin_quickstart_caps_beta_on_the_default_workload(tmp_path):
@@ -142,7 +148,12 @@ def test_the_plugin_quickstart_caps_beta_on_the_default_workload(tmp_path):
     assert tenant_running_max(run.stdout, "beta") == 4  # the cap binds, and is never exceeded
     without = metroline(QUICKSTART_PLUGIN_RUN.replace(" --plugin mypkg.quota:BetaCap", ""), tmp_path)
     assert without.returncode == 0, without.stderr
-    assert tenant_running_max(without.stdout, "beta") > 4  # without it, beta runs more at once
+    # without it, beta runs as many at once as the README says
+    stated = re.search(r"running max of 4 \((\d+) without the plugin", " ".join(README.split()))
+    assert tenant_running_max(without.stdout, "beta") == int(stated.group(1)) > 4
+    waits = re.search(r"its TTFT p50 goes from ([\d.]+) s to ([\d.]+) s", " ".join(README.split()))
+    p50_s = [float(tenant_row(doc.stdout, "beta")[4]) / 1000 for doc in (without, run)]
+    assert [f"{s:.1f}" for s in p50_s] == [waits.group(1), waits.group(2)]
 
     check = metroline(QUICKSTART_PLUGIN_CHECK, tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
