@@ -215,6 +215,8 @@ class Outcome:
     reads: int = 0
     preemptions: int = 0
     swap_outs: int = 0
+    engine: Any = field(default=None, repr=False)
+    """The engine it ran on (its requests' sequences, its pool), when it was built."""
 
     @property
     def kind(self) -> str:
@@ -229,10 +231,13 @@ class Outcome:
         return text[:40]
 
 
-def run_scenario(scenario: Scenario, inner: Any = None, engine_plugins: Seq[Any] = ()) -> Outcome:
-    """Run `scenario` under a `KVShadow` over `inner` (default: the simulator): requests arrive
-    at their steps, aborts happen at theirs; then every request must have finished (or been
-    cancelled, or refused at submission) and every block be back."""
+def run_scenario(scenario: Scenario, inner: Any = None, engine_plugins: Seq[Any] = (), *,
+                 run_through: bool = False) -> Outcome:
+    """Run `scenario` under a `KVShadow` over `inner` (default: the simulator), with
+    `engine_plugins` stacked on the configuration's: requests arrive at their steps, aborts
+    happen at theirs; then every request must have finished (or been cancelled, or refused at
+    submission) and every block be back. The run stops at the shadow's first error, unless
+    `run_through` (to see what a real executor computes on the wrong KV)."""
     from ..config import EngineConfig
     from ..errors import RequestRefused
     from ..step.engine import Engine
@@ -265,7 +270,7 @@ def run_scenario(scenario: Scenario, inner: Any = None, engine_plugins: Seq[Any]
             if engine.last_plan_empty:
                 engine.idle()
             steps += 1
-            if errors:
+            if errors and not run_through:
                 break
             if steps > bound:
                 errors.append(f"step {steps}: not finished after {steps} steps")
@@ -273,7 +278,7 @@ def run_scenario(scenario: Scenario, inner: Any = None, engine_plugins: Seq[Any]
     except Exception as exc:
         tb = traceback.extract_tb(exc.__traceback__)[-1]
         errors.append(f"step {steps}: raised {type(exc).__name__}: {exc} ({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno})")
-    if not errors:
+    if not errors or run_through:
         aborted = {rid for _, rid in scenario.aborts}
         for _, req in scenario.requests:
             rid = req["request_id"]
@@ -289,7 +294,7 @@ def run_scenario(scenario: Scenario, inner: Any = None, engine_plugins: Seq[Any]
         shadow.check_drained()
     stats = getattr(shadow.inner, "stats", None)
     return Outcome(list(errors), steps, shadow.reads, engine.scheduler.total_preemptions,
-                   stats.swap_outs if stats is not None else 0)
+                   stats.swap_outs if stats is not None else 0, engine)
 
 
 def shrink(scenario: Scenario, fails: Callable[[Scenario], bool], budget: int = 400) -> Scenario:
