@@ -135,17 +135,17 @@ class PreemptTheHitter:
         return None
 
 
-def same_step_swap_engine(executor):
+def same_step_swap_engine(executor, plugins=(), **sampling):
     """Issue 35's reproducer: block size 4, 16 blocks, 2 sequences, prefix caching, swap, fcfs;
     a and b share two prefix blocks, which a computes in step 1 and b hits in that step; c needs
-    b's slot."""
+    b's slot. `plugins` stack under the victim plugin; `sampling` goes to every request."""
     engine = make_engine(
         executor=executor, num_blocks=16, max_num_seqs=2, preemption_mode="swap", swap_space_blocks=16,
-        plugins=[PreemptTheHitter()],
+        plugins=[*plugins, PreemptTheHitter()],
     )
-    engine.add_request(request("a", PREFIX + [1], max_new=2))
-    engine.add_request(request("b", PREFIX + [2], max_new=2))
-    engine.add_request(request("c", [50, 51, 52, 53, 54], max_new=2))
+    engine.add_request(request("a", PREFIX + [1], max_new=2, **sampling))
+    engine.add_request(request("b", PREFIX + [2], max_new=2, **sampling))
+    engine.add_request(request("c", [50, 51, 52, 53, 54], max_new=2, **sampling))
     return engine
 
 
