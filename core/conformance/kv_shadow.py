@@ -8,7 +8,9 @@ each plan the way an executor must (`metroline.executors.base.Executor`):
 1. the plan's block operations, in order: a copy or a swap copies the source's slots;
 2. the step's writes: every scheduled token's KV lands in its slot (a draft token's slot holds a
    draft label until verification accepts it: then its token's prefix, as the KV of a draft equal
-   to the token is that token's; a rejected draft's label stays until the slot is written again);
+   to the token is that token's; a rejected draft's label stays until the slot is written again).
+   A draft counts as accepted when the engine appended a token after it and, on the simulator,
+   when the executor's acceptance (`StepResult.accepted`) covered it;
 3. the step's reads: every scheduled sequence attends to every position before its last
    scheduled one (`0 .. start + n - 1`, drafts excepted), and each slot must hold exactly that
    sequence's own prefix at that position.
@@ -68,7 +70,8 @@ class KVShadow:
         self._trie: dict[tuple, int] = {}  # (parent node, token) or ("root", salt) -> node
         self._origin: list[tuple[str, int]] = [("", -1)]  # node -> (first sequence id, position)
         self._keys: dict[Any, list[int]] = {}  # sequence -> its prefix nodes, position by position
-        self._drafted: list[tuple[Any, int, int]] = []  # (seq, position, block) of last step's drafts
+        self._drafted: list[tuple[Any, int, int, int]] = []  # (seq, position, block, j) of last step's drafts
+        self._accepted: dict | None = None  # the last step's `StepResult.accepted` (the simulator's)
 
     # --- an executor ------------------------------------------------------------------------------
 
@@ -94,7 +97,9 @@ class KVShadow:
             self._check_host_copies(plan.step, swapped_out, bs)
         self._write(plan, bs)
         self._read(plan, bs)
-        return self.inner.execute(plan)
+        result = self.inner.execute(plan)
+        self._accepted = getattr(result, "accepted", None)
+        return result
 
     # --- the model --------------------------------------------------------------------------------
 
@@ -140,10 +145,13 @@ class KVShadow:
 
     def _resolve_drafts(self, bs: int) -> None:
         # Verification appended the accepted drafts and one more token, so draft position p was
-        # accepted iff p < len(token_ids) - 1. Resolved on the memory the last step left, before
-        # this step's block ops (since then the sequence may have been swapped or preempted).
-        device = self.device
-        for seq, p, block in self._drafted:
+        # accepted iff p < len(token_ids) - 1 (and the simulator's acceptance covered its draft
+        # j). Resolved on the memory the last step left, before this step's block ops (since then
+        # the sequence may have been swapped or preempted).
+        device, accepted = self.device, self._accepted
+        for seq, p, block, j in self._drafted:
+            if accepted is not None and accepted.get(seq, 0) < j:
+                continue
             slots = device.get(block)
             if slots is not None and p < len(seq.token_ids) - 1 and slots[p % bs] == ("draft", seq.seq_id, p):
                 slots[p % bs] = self.keys(seq)[p]
@@ -206,7 +214,7 @@ class KVShadow:
                     slots[p % bs] = keys[p]
                 else:  # a draft token's slot: its token is known once the step verified it
                     slots[p % bs] = ("draft", seq.seq_id, p)
-                    self._drafted.append((seq, p, block))
+                    self._drafted.append((seq, p, block, p - start))
 
     def _read(self, plan: Any, bs: int) -> None:
         device = self.device
