@@ -240,7 +240,7 @@ class KVShadow:
 
     def _live(self) -> list[Any]:
         s = self.engine.scheduler
-        return [q for q in (*s.running, *s.waiting, *s.swapped)]
+        return [*s.running, *s.waiting, *s.swapped]
 
     def _check_engine(self, step: int) -> None:
         live = self._live()
