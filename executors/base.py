@@ -22,8 +22,11 @@ class Executor(Protocol):
       after the step and one logits row per `plan.sample_seqs` (None in the simulator). The step
       writes all of its KV before any attention of the step reads KV: the scheduler indexes the
       blocks a step fills when it schedules them, and a request admitted later in the same step
-      may share them (its attention reads them in the same forward). A block copy in the plan
-      never reads such a block (it runs before the forward).
+      may share them (its attention reads them in the same forward). No block op of the plan
+      (a copy or a swap-out, which run before the forward) reads such a slot for a sequence
+      that counts it as computed: the KV backend states and checks it (`BlockPool.pending`,
+      `metroline.kv_backends.pending`; a swap-out that would is refused and its victim
+      recomputed), so an executor may run the ops as plain copies.
     - `idle_until(t)`: nothing to run before time `t` (the next arrival): the simulator jumps its
       clock to `max(now(), t)`, a real executor sleeps.
     - `describe()`: a JSON-ready dict for the result document's `"executor"` field, at least

@@ -16,8 +16,13 @@ and a link to its parent block's key. A lookup compares keys, parents included, 
 A block is writable iff its ref count is 1 and it is not indexed; `allocate_slots` copies any other
 block before a write (copy-on-write) and appends the copy to the caller's op list.
 
+Block operations run before the step's forward pass, so none may read a slot that the forward is
+yet to write for a sequence that counts it as computed (`pending`: a swap-out refuses, a copy
+never does).
+
 The pool is split by concept: its state (`pool_state`), the prefix index (`prefix_index`, with its
-keys in `prefix_keys`), swap planning (`swap_space`) and the invariant checks (`pool_invariants`);
+keys in `prefix_keys`), the step's pending slots (`pending`), swap planning (`swap_space`) and the
+invariant checks (`pool_invariants`);
 references, allocation with copy-on-write, and release are here. The parts are mixins over one
 slotted state, so a block operation costs no more than in one class.
 """
@@ -94,7 +99,8 @@ class BlockPool(PrefixIndex, SwapPlanning, PoolInvariants):
 
         A block to be written that is shared or indexed is copied first: `(COPY, old, new)` is
         appended to `ops`, `new` replaces `old` in the table and `old` loses one reference. Atomic:
-        returns False, with nothing changed, if the free and evictable blocks are too few.
+        returns False, with nothing changed, if the free and evictable blocks are too few. A copy
+        never reads a slot this step's forward is yet to write (`pending`; asserted).
         """
         bs = self.block_size
         n_have = len(block_table)
@@ -115,6 +121,9 @@ class BlockPool(PrefixIndex, SwapPlanning, PoolInvariants):
             return False
         for i in copies:
             old = block_table[i]
+            assert not (self.pending and self.reads_pending([old], num_computed - i * bs)), (
+                f"copy-on-write of block {old}, whose KV this step has yet to write"
+            )
             new = self._allocate_block()
             ops.append((COPY, old, new))
             block_table[i] = new
@@ -136,6 +145,8 @@ class BlockPool(PrefixIndex, SwapPlanning, PoolInvariants):
         self._refs[b] = 1
         self._keys[b] = None
         self._num_used += 1
+        if self.pending:
+            self.pending.pop(b, None)  # handed out again: nothing the step registered is written here
         return b
 
     def release(self, block_table: list[int]) -> None:

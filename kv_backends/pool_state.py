@@ -52,9 +52,10 @@ class PoolState:
         self.partial_match = partial_match
         """Whether `lookup` may end on a block that matches the prompt in part (token-granular,
         shared through copy-on-write); False matches whole blocks only, as vLLM does."""
-        self.pending: set[int] = set()
-        """Indexed blocks whose KV the current step has yet to write (the scheduler's set): a
-        lookup may share them whole, never in part (a copy would run before the write)."""
+        self.pending: dict[int, int] = {}
+        """The blocks registered in the current step whose KV its forward has yet to write ->
+        the first offset it writes in each (see `pending`: no block op reads such a slot for a
+        sequence that counts it as computed; a lookup shares them whole, never in part)."""
         self.peak_used_blocks = 0
         self._refs = [0] * num_blocks
         # The key of a full, computed block; kept on blocks that are not indexed (a hash collision

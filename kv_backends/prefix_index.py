@@ -203,6 +203,7 @@ class PrefixIndex(PoolState):
             if not indexed[b]:
                 continue
             self._unindex(b)
+            self.pending.pop(b, None)
             if refs[b]:
                 shared.add(b)
             else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from .block_ops import SWAP_IN, SWAP_OUT
-from .pool_state import PoolState
+from .pending import PendingSlots
 
 
 class SwapSpace:
@@ -52,17 +52,26 @@ class SwapSpace:
             free.append(b)
 
 
-class SwapPlanning(PoolState):
-    """The swapping part of `BlockPool` (a mixin over the pool's state, `PoolState`; it allocates
-    and releases device blocks through the pool's `_allocate_block` and `release`)."""
+class SwapPlanning(PendingSlots):
+    """The swapping part of `BlockPool` (a mixin over the pool's state, `PoolState`, and its
+    pending slots, `PendingSlots`; it allocates and releases device blocks through the pool's
+    `_allocate_block` and `release`)."""
 
     __slots__ = ()
 
-    def swap_out(self, block_table: list[int], swap: SwapSpace, ops: list) -> list[int] | None:
+    def swap_out(
+        self, block_table: list[int], swap: SwapSpace, ops: list, num_computed: int | None = None
+    ) -> list[int] | None:
         """Plan copying the table's blocks to host blocks and release the device references.
 
-        Returns the host table, or None (nothing changed) if the swap space is too small.
+        `num_computed`: the positions of the table whose KV the copy must carry (the owner's
+        computed tokens; None: every slot). Returns the host table, or None (nothing changed) if
+        the swap space is too small or a slot among them is pending: this step's forward has yet
+        to write it, and the copy runs before the forward (`metroline.kv_backends.pending`; the
+        caller preempts by recompute instead).
         """
+        if self.pending and self.reads_pending(block_table, num_computed):
+            return None
         host_table = swap.allocate(len(block_table))
         if host_table is None:
             return None

@@ -450,6 +450,76 @@ def test_swap_out_and_in_round_trip():
     pool.check_invariants([device])
 
 
+# -- pending slots: KV the step's forward has yet to write --------------------------------------
+
+
+def registered_in_step(pool, prompt, computed_before=0):
+    """A registrant scheduled in this step: its blocks up to the last full one are indexed and
+    pending from `computed_before` (its tokens computed before the step) on."""
+    table = []
+    assert pool.allocate_slots(table, 0, len(prompt), [])
+    full = len(prompt) // BS
+    pool.mark_pending(table, 0, full, computed_before)
+    pool.cache_full_blocks(table, prompt, 0, full)
+    return table
+
+
+def test_a_swap_out_refuses_a_hit_of_blocks_the_step_has_yet_to_write():
+    pool, swap = BlockPool(8, BS), SwapSpace(8)
+    a = registered_in_step(pool, A[:9])  # a fills blocks 0 and 1 in this step
+    assert pool.pending == {0: 0, 1: 0}
+    hit = pool.lookup(A[:8] + [7], None, 8)
+    assert hit == PrefixHit([0, 1], 8)
+    pool.acquire(hit.block_ids)
+    b = list(hit.block_ids)
+    assert pool.allocate_slots(b, 8, 1, [])
+    ops = []
+    assert pool.swap_out(b, swap, ops, num_computed=8) is None  # b's 8 computed tokens: not written yet
+    assert pool.swap_out(b, swap, ops) is None  # every slot of the table: the same
+    assert ops == [] and swap.num_free_blocks() == 8 and refs(pool)[:3] == [2, 2, 1]
+    pool.check_invariants([a, b])
+    # once the step's forward ran, nothing is pending: the same table swaps out
+    pool.clear_pending()
+    assert pool.swap_out(b, swap, ops, num_computed=8) == [0, 1, 2]
+    assert ops == [(SWAP_OUT, 0, 0), (SWAP_OUT, 1, 1), (SWAP_OUT, 3, 2)]
+
+
+def test_the_registrant_itself_swaps_out_what_it_computed_before_the_step():
+    pool, swap = BlockPool(8, BS), SwapSpace(8)
+    # 6 tokens computed before the step; this step writes positions 6..9, filling block 1 from
+    # its slot 2 on
+    a = registered_in_step(pool, A[:10], computed_before=6)
+    assert pool.pending == {0: 6, 1: 2}  # block 0: 6 >= 4, nothing of it is pending
+    assert not pool.reads_pending(a, 6)
+    assert pool.reads_pending(a, 7)  # position 6 is block 1's slot 2
+    ops = []
+    assert pool.swap_out(a, swap, ops, num_computed=6) == [0, 1, 2]
+    assert ops == [(SWAP_OUT, 0, 0), (SWAP_OUT, 1, 1), (SWAP_OUT, 2, 2)]
+
+
+def test_a_block_leaves_the_pending_ones_when_it_leaves_the_index_or_is_handed_out_again():
+    pool = BlockPool(3, BS)
+    a = registered_in_step(pool, A[:8])
+    assert pool.pending == {0: 0, 1: 0}
+    pool.release(a)
+    assert pool.uncache([1]) == set() and pool.pending == {0: 0}  # its step will not write it
+    t = []
+    assert pool.allocate_slots(t, 0, 12, [])  # the free block 2, block 1, then block 0 evicted
+    assert sorted(t) == [0, 1, 2] and pool.pending == {}
+    pool.check_invariants([t])
+
+
+def test_a_copy_on_write_never_reads_a_pending_slot():
+    pool = BlockPool(8, BS)
+    a = registered_in_step(pool, A[:8])
+    b = pool.fork(a)  # not a path the scheduler takes: shares blocks written in this step
+    with pytest.raises(AssertionError, match="copy-on-write of block 1, whose KV this step has yet to write"):
+        pool.allocate_slots(b, 7, 1, [])
+    # the registrant's own table, from where it computed before the step: nothing pending is read
+    c = registered_in_step(BlockPool(8, BS), A[:8], computed_before=7)
+    assert c == [0, 1]
+
+
 # -- atomic failures ----------------------------------------------------------------------------
 
 

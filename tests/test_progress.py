@@ -4,9 +4,10 @@ in the pool on its own, every request finishes, whatever policy and plugins are 
 A hypothesis test drives random workloads through every shipped policy with random stacks of the
 stacking plugins, both preemption modes, prefix sharing on and off, parallel sampling and random
 aborts, on pools down to one that just fits the largest request alone. Every step it checks the
-pool's KV invariant and a shadow model of KV memory (what each slot of each block holds, updated
-from the plans' copies, swaps and writes), so that no request ever reads KV that is not its own
-prefix's; and every run must end within a bound on its steps.
+pool's KV invariant and a shadow model of KV memory (`metroline.core.conformance.kv_shadow`: what
+each slot of each block holds, updated from the plans' copies, swaps and writes), so that no
+request ever reads KV that is not its own prefix's; and every run must end within a bound on its
+steps.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from conftest import assert_pool_drained, live_tables, tokens
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from metroline.core.conformance.kv_shadow import KVShadow
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
-from metroline.core.step.plan import StepPlan, StepResult
-from metroline.executors.cost_models import make_cost_model
-from metroline.executors.simulated import SimulatedExecutor
-from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
+from metroline.kv_backends.block_ops import SWAP_OUT
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware")
 STACKING = (
@@ -31,78 +30,6 @@ STACKING = (
     "adaptive_speculation",
 )
 TENANTS = ("a", "b", "c")
-
-
-class ShadowKV(SimulatedExecutor):
-    """The simulated executor, plus a model of KV memory checked at every step.
-
-    A slot holds a key of the prefix of tokens its KV was computed from (tokens 0..p for the token
-    at position p, as a chained hash); a draft token's slot holds a draft label until its step's
-    verification has accepted it (then its token's key, as the KV of a draft equal to the token is that
-    token's) or for good. Before the forward, the plan's block operations run in order; then every
-    scheduled token is written at its slot; then every scheduled sequence reads its whole context
-    (positions 0 .. start + n - 1) and each slot must hold that sequence's own prefix. The pool's
-    invariant (free + used + evictable = pool, reference counts equal to the live tables') is
-    checked against the scheduler's queues first."""
-
-    def __init__(self) -> None:
-        super().__init__(make_cost_model("steps"))
-        self.engine: Engine | None = None
-        self.device: dict[int, dict[int, int]] = {}
-        self.host: dict[int, dict[int, int]] = {}
-        self._keys: dict = {}
-        self.errors: list[str] = []
-        self.drafted: list = []  # (seq, position, block) of the last step's draft slots
-
-    def keys(self, seq) -> list[int]:
-        """`seq`'s prefix keys: key[p] stands for its tokens 0..p (a chained hash, extended as the
-        sequence grows; samples of one request agree on their prompt's keys)."""
-        keys = self._keys.setdefault(seq, [])
-        ids = seq.token_ids
-        for p in range(len(keys), len(ids)):
-            keys.append(hash((keys[p - 1] if p else None, ids[p])))
-        return keys
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        engine = self.engine
-        engine.pool.check_invariants(live_tables(engine))
-        bs = plan.block_size
-        # an accepted draft's KV is its token's: it became real. Resolved before this step's block
-        # ops, on the memory the last step left: since then the scheduler may have swapped or
-        # preempted the sequence (its table is not the drafting step's any more). Verification
-        # appended the accepted drafts and one more token, so draft position p was accepted iff
-        # p < len(token_ids) - 1.
-        for seq, p, block in self.drafted:
-            if p < len(seq.token_ids) - 1 and self.device.get(block, {}).get(p % bs) == ("draft", seq.seq_id, p):
-                self.device[block][p % bs] = self.keys(seq)[p]
-        self.drafted = []
-        for kind, src, dst in plan.block_ops:
-            if kind == COPY:
-                self.device[dst] = dict(self.device.get(src, {}))
-            elif kind == SWAP_OUT:
-                self.host[dst] = dict(self.device.get(src, {}))
-            else:
-                assert kind == SWAP_IN
-                self.device[dst] = dict(self.host.pop(src))
-        for seq in plan.scheduled:
-            table, keys = seq.block_table, self.keys(seq)
-            for p in plan.positions(seq):
-                if p < len(keys):
-                    self.device.setdefault(table[p // bs], {})[p % bs] = keys[p]
-                else:  # a draft token's slot: its token is known once the step verified it
-                    self.device.setdefault(table[p // bs], {})[p % bs] = ("draft", seq.seq_id, p)
-                    self.drafted.append((seq, p, table[p // bs]))
-        for seq, n in plan.scheduled.items():
-            table, keys = seq.block_table, self.keys(seq)
-            for p in range(min(seq.num_computed_tokens + n, len(keys))):
-                held = self.device.get(table[p // bs], {}).get(p % bs)
-                if held != keys[p]:
-                    self.errors.append(
-                        f"step {plan.step}: {seq.seq_id} reads wrong KV at position {p} "
-                        f"(block {table[p // bs]}, slot {p % bs})"
-                    )
-                    raise AssertionError(self.errors[-1])
-        return super().execute(plan)
 
 
 def blocks_alone(prompt: int, out: int, n: int, block_size: int) -> int:
@@ -191,7 +118,7 @@ def step_bound(requests: list[dict]) -> int:
 @example(TOKEN_RR_LIVELOCK)
 def test_every_request_finishes_and_reads_only_its_own_kv(scenario):
     rng_seed, arrivals, config, aborts = scenario
-    executor = ShadowKV()
+    executor = KVShadow()
     engine = Engine(EngineConfig(**config), executor)
     executor.engine = engine
     requests = [r for _, r in arrivals]
@@ -230,7 +157,7 @@ def test_an_accepted_draft_swapped_out_before_the_next_step_is_its_tokens_kv(pre
     2 each sample writes positions 1 and 2 (its draft, accepted); in step 3 the pool cannot hold
     both samples' next slots (lean: the parent's plain decode; vllm: its 1 + k slots), so the
     younger sample, r1#1, is the victim, swapped out with the block of its accepted draft."""
-    executor = ShadowKV()
+    executor = KVShadow()
     plans = []
     execute = executor.execute
     executor.execute = lambda plan: (plans.append(plan), execute(plan))[1]
@@ -250,7 +177,7 @@ def test_an_accepted_draft_swapped_out_before_the_next_step_is_its_tokens_kv(pre
     engine.step()
     assert engine.sequences("r1")[1] in engine.scheduler.swapped
     (host,) = [dst for kind, src, dst in plans[-1].block_ops if kind == SWAP_OUT and src == draft_block]
-    assert executor.host[host] == {0: executor.keys(child)[2]}  # the token's KV, not a draft's
+    assert executor.host[host] == [executor.keys(child)[2]]  # the token's KV, not a draft's
     while engine.has_unfinished():
         engine.step()
     assert not executor.errors

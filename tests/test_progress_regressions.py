@@ -9,6 +9,7 @@ import pytest
 from conftest import assert_pool_drained, live_tables, request, tokens
 
 from metroline.cli import main
+from metroline.core.conformance.kv_shadow import KVShadow
 from metroline.core.config import EngineConfig
 from metroline.core.errors import NoProgressError, PluginError
 from metroline.core.plugins.candidates import Candidates
@@ -239,9 +240,7 @@ def test_a_candidate_whose_admission_preempts_the_registrant_of_its_hit_matches_
     # block size 1: r1 (priority 1) computes the shared prefix token 9100002 into a block registered
     # in the step; r2 (priority 0, same prefix) hits that block, then needs a block and the
     # priority policy preempts r1 for it: r1's block will not be written, so r2 must not use it
-    from test_progress import ShadowKV
-
-    executor = ShadowKV()
+    executor = KVShadow()
     engine = Engine(EngineConfig(
         block_size=1, num_blocks=8, policy="priority", plugins=["decode_first", "slo_classes"],
         plugin_options={"slo_classes": {"classes": {"a": "interactive"}}}, max_num_seqs=3,

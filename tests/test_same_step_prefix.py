@@ -1,13 +1,21 @@
 """Blocks scheduled in a step are in the prefix index for requests admitted later in the same step
 (the executor writes a step's KV before attention reads it); a registrant preempted in the step
-takes them out again."""
+takes them out again; a request admitted on a hit of them and preempted in the same step is
+recomputed, never swapped out (the swap-out would copy KV the forward has yet to write)."""
 
 from __future__ import annotations
 
-from conftest import assert_pool_drained, live_tables, make_engine, request, run_to_end
+from pathlib import Path
 
+from conftest import RecordingExecutor, assert_pool_drained, live_tables, make_engine, request, run_to_end
+
+from metroline.core.conformance.kv_chaos import Scenario, run_scenario
+from metroline.core.conformance.kv_shadow import KVShadow
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.requests.sequence import SeqState
+from metroline.kv_backends.block_ops import SWAP_OUT
+
+WEIGHTED_FAIR_SWAP = Path(__file__).parent / "data" / "kv_chaos_weighted_fair_swap.json"
 
 PREFIX = [7, 8, 9, 10, 11, 12, 13, 14]  # two blocks of 4 tokens
 
@@ -112,3 +120,76 @@ def test_a_block_filled_in_this_step_is_shared_whole_never_copied_in_part():
     assert plan.starts == {"a": 0, "b": 8} and plan.block_ops == []
     run_to_end(engine)
     assert_pool_drained(engine)
+
+
+class PreemptTheHitter:
+    """Makes room for `c` by naming `b`, admitted earlier in the same step on a hit of the prefix
+    blocks `a` fills in that step (the hook's contract allows any running request)."""
+
+    name = "preempt_the_hitter"
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        if requester.request_id == "c":
+            return next(s for s in ctx.running if s.request_id == "b")
+        return None
+
+
+def same_step_swap_engine(executor, plugins=(), **sampling):
+    """Issue 35's reproducer: block size 4, 16 blocks, 2 sequences, prefix caching, swap, fcfs;
+    a and b share two prefix blocks, which a computes in step 1 and b hits in that step; c needs
+    b's slot. `plugins` stack under the victim plugin; `sampling` goes to every request."""
+    engine = make_engine(
+        executor=executor, num_blocks=16, max_num_seqs=2, preemption_mode="swap", swap_space_blocks=16,
+        plugins=[*plugins, PreemptTheHitter()],
+    )
+    engine.add_request(request("a", PREFIX + [1], max_new=2, **sampling))
+    engine.add_request(request("b", PREFIX + [2], max_new=2, **sampling))
+    engine.add_request(request("c", [50, 51, 52, 53, 54], max_new=2, **sampling))
+    return engine
+
+
+def test_a_request_preempted_in_the_step_of_its_same_step_hit_is_recomputed_and_reads_its_own_kv():
+    shadow = KVShadow(RecordingExecutor())
+    engine = shadow.attach(same_step_swap_engine(shadow))
+    engine.step()
+    plan = shadow.plans[0]
+    # b's hit holds a's two prefix blocks, written by this step's forward, which runs after the
+    # block ops: a swap-out would copy them unwritten. The pool refuses it: b is recomputed
+    assert plan.preempted == [("b", "WAITING")]
+    assert plan.admitted == ["a", "c"] and plan.scheduled == {"a": 9, "c": 5}
+    assert [op for op in plan.block_ops if op[0] == SWAP_OUT] == []
+    assert engine.scheduler.swap.num_free_blocks() == 16
+    a, b = engine.sequences("a")[0], engine.sequences("b")[0]
+    prefix_blocks = a.block_table[:2]
+    while "b" not in shadow.plans[-1].scheduled:
+        engine.step()
+    # b runs again on a hit of a's prefix blocks, now written: what it reads at positions 0..7 is
+    # a's prefix KV, which is b's own (the same tokens), and position 8 its own token's
+    last = shadow.plans[-1]
+    assert last.starts["b"] == 8 and last.scheduled["b"] == 1
+    assert b.block_table[:2] == prefix_blocks
+    bs = 4
+    held = [shadow.device[b.block_table[p // bs]][p % bs] for p in range(9)]
+    assert held == shadow.keys(b)[:9] and shadow.keys(b)[:8] == shadow.keys(a)[:8]
+    assert shadow.reads_by_seq["b"] == 9
+    run_to_end(engine)
+    shadow.check_drained()
+    assert shadow.errors == []
+    assert [engine.sequences(r)[0].num_output_tokens for r in "abc"] == [2, 2, 2]
+    assert_pool_drained(engine)
+
+
+def test_the_shipped_policy_random_configuration_swaps_out_only_written_kv():
+    # tests/data/README.md: weighted_fair + slo_classes, blocks of 3, swap, a request with n = 3.
+    # In step 19 r4 computes the block [42, 2, 30] and r16 is admitted on a hit of it; the
+    # policy then preempts r16 in that step: recomputed, not swapped out with the unwritten block
+    executor = RecordingExecutor()
+    outcome = run_scenario(Scenario.from_json(WEIGHTED_FAIR_SWAP.read_text()), inner=executor)
+    assert outcome.errors == []
+    step19 = executor.plans[18]
+    assert step19.step == 19 and "r4" in step19.admitted and step19.starts["r4"] == 0
+    assert ("r16", "WAITING") in step19.preempted
+    r4, r16 = (outcome.engine.sequences(r)[0] for r in ("r4", "r16"))
+    assert r16.num_cached_prompt_tokens == 3  # readmitted later on the same block, written by then
+    assert outcome.engine.scheduler.total_preemptions == sum(len(p.preempted) for p in executor.plans)

@@ -61,6 +61,34 @@ def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list
     return out[:, width:].tolist()
 
 
+def teacher_forced_logprobs(model: Any, token_ids: list[int]) -> torch.Tensor:
+    """The log-probabilities HF's forward (eager attention) gives every position of `token_ids`
+    in one pass: row p is the distribution of the token after position p."""
+    saved = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([token_ids])).logits[0]
+    finally:
+        model.set_attn_implementation(saved)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def logprob_errors(model: Any, seqs: list[Any]) -> dict[str, float]:
+    """Each sequence's largest gap between the logprob it recorded for each output token
+    (`seq.logprobs`, from a request with `logprobs=0`) and the teacher-forced HF forward's."""
+    gaps = {}
+    for seq in seqs:
+        ids, start = list(seq.token_ids), seq.num_prompt_tokens
+        ref = teacher_forced_logprobs(model, ids)
+        assert len(seq.logprobs) == seq.num_output_tokens, seq.seq_id
+        gaps[seq.seq_id] = max(
+            (abs(ref[start + k - 1, ids[start + k]].item() - seq.logprobs[k][0]) for k in range(seq.num_output_tokens)),
+            default=0.0,
+        )
+    return gaps
+
+
 class Argmax:
     """Greedy sampling on a logits tensor (one argmax over the batch)."""
 

@@ -126,7 +126,11 @@ class VictimLoop:
 
     def preempt(self, victim: Preempt, step: StepState) -> None:
         """Take the victim off the running set: back to waiting (recompute) or to the host (swap).
-        The requests admitted in this step on a hit of blocks it registered follow it (recompute)."""
+        A swap falls back to recompute when the pool refuses it: the swap space is full, or the
+        victim's computed KV is not all written yet (a hit of blocks registered in this step,
+        which the forward writes after the swap-out would have copied them; see
+        `metroline.kv_backends.pending`). The requests admitted in this step on a hit of blocks
+        it registered follow it (recompute)."""
         seq = victim.seq
         plan = step.plan
         step.drop(seq)
@@ -139,7 +143,7 @@ class VictimLoop:
         seq.stall_mark = seq.max_computed = mark
         host = None
         if victim.mode == SWAP and self.swap is not None:
-            host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops)
+            host = self.pool.swap_out(seq.block_table, self.swap, plan.block_ops, seq.num_computed_tokens)
         if host is None:
             self.pool.release(seq.block_table)
         hitters = self.prefix.unregister(seq)
