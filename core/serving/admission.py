@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request as HTTPRequest
 
+from ..errors import PluginError
 from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, SamplingParams
 from ..requests.sequence import Sequence
 from ..step.engine import Engine
@@ -119,7 +120,11 @@ class Intake:
             # rather than a failure once queued (Engine.add_request asks the same question)
             for request in requests:
                 seq = Sequence.from_request(request, request.arrival_time or 0.0, 0)
-                reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, seq)
+                try:
+                    reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, seq)
+                except PluginError as exc:  # this request's alone (check_request is asked for it)
+                    raise Refused(500, f"the engine failed this request: PluginError: {exc}", "server_error",
+                                  reason="plugin_error") from None
                 if reason is not None:
                     raise Refused(400, f"this request can never run: {reason}", reason="refused")
         return requests

@@ -62,6 +62,7 @@ class Server:
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
             stall_timeout=serve.stall_timeout, after_step=self._after_step, on_end=self._ended,
+            on_plugin_error=lambda exc: self.metrics.plugin_errors.labels(exc.plugin, exc.hook).inc(),
         )
 
     def _after_step(self, engine: Engine, outputs: list[Any]) -> None:
