@@ -12,7 +12,9 @@ the event loop (`Intake.admit`):
    thread (400 naming the field), so the request waits outside the batch while it compiles;
 7. the plugins' `check_request` (a request that could never run: 400).
 
-The quota and the queue's own limits (429) are the caller's (`metroline.core.serving.app`).
+A batch of more prompts than `max_waiting` is refused (413) before any is tokenized: it could never
+be queued whole. The quota and the queue's own limits (429) are the caller's
+(`metroline.core.serving.app`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class Intake:
         if body.structured is not None and self.sim:
             raise Refused(400, "response_format: a structured output needs a model's logits: the simulated "
                           "executor has none", param="response_format")
+        if not chat and len(prompts := p.prompts_of(body.prompt)) > self.serve.max_waiting:
+            raise Refused(413, f"a batch of {len(prompts)} prompts can never be queued whole: at most "
+                          f"max_waiting={self.serve.max_waiting} requests wait at once", param="prompt",
+                          code="batch_too_large", reason="too_large")
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise Refused(429, problem, "rate_limit_error", "priority", reason="priority")

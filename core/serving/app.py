@@ -25,6 +25,7 @@ from ..step.async_engine import AsyncEngine, Rejected, RequestStream
 from ..step.engine import Engine
 from . import protocol as p
 from .admission import Intake
+from .disconnect import ClientGone, until_disconnect
 from .metrics import ServerMetrics
 from .reading import Refused, off_loop, unauthorized
 from .sse import EventStream, final_texts, hold_for
@@ -141,7 +142,9 @@ class Server:
             return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
                                self.loop.abort, marks, self.engine.executor.now, self._writer)
         try:
-            await stream.result()
+            await until_disconnect(http, stream.result())
+        except ClientGone:  # nobody to answer: its requests are cancelled, their blocks freed
+            return Response(status_code=499)
         finally:
             if not stream.finished:
                 for rid in stream.request_ids:

@@ -35,6 +35,7 @@ from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
 from . import protocol as p
+from .disconnect import ClientGone, until_disconnect
 from .front_canary import FrontCanary
 from .front_health import Health
 from .front_pages import FrontPages
@@ -56,29 +57,6 @@ ROUTE_CHARS = 65536
 
 def error(status: int, message: str, type_: str = "server_error", param: str | None = None) -> JSONResponse:
     return JSONResponse(p.error_body(message, type_, param), status_code=status)
-
-
-class _Gone(Exception):
-    """The client hung up."""
-
-
-async def until_disconnect(http: HTTPRequest, work: Any) -> Any:
-    """`await work`, cancelled (and `_Gone` raised) if the client hangs up meanwhile."""
-    async def gone() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise _Gone
-    return task.result()
 
 
 class Front:
@@ -186,7 +164,7 @@ class Front:
         try:
             got = await until_disconnect(http, self.proxy.dispatch(
                 self._chooser(request, arms), request, tokens, path, raw, headers))
-        except _Gone:
+        except ClientGone:
             return Response(status_code=499)
         except Failed as exc:
             answer = error(exc.status, str(exc))
@@ -203,7 +181,7 @@ class Front:
                                      status_code=200, headers=out_headers)
         try:
             content = await until_disconnect(http, upstream.read())
-        except _Gone:
+        except ClientGone:
             return Response(status_code=499)
         except TRANSPORT_ERRORS as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()
