@@ -228,3 +228,83 @@ def test_a_batch_larger_than_the_waiting_queue_is_refused_as_too_large_not_429()
 
 def test_the_waiting_queue_is_bounded_by_default():
     assert ServeConfig().max_waiting == 1024
+
+
+# --- bounded heads, one Authorization; at a server and through the front -------------------------
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory):
+    """`metroline serve --replicas 2`'s front (replicas spawned), tenants A and B."""
+    from test_serve_replicas import start_front
+
+    config = tmp_path_factory.mktemp("front") / "serve.toml"
+    config.write_text('[serve]\npublic_metrics = true\noperator_keys = ["sk-operator"]\n' + "".join(
+        f'[serve.tenants.{name}]\napi_keys = ["{key}"]\n' for name, key in KEYS.items()))
+    srv = start_front("--config", str(config), "--replicas", "2", "--cost-model", "steps", "--step-time", "0.005")
+    yield srv
+    srv.stop()
+
+
+def _flood(port: int, fields: int, size: int) -> bytes:
+    """Send a request head of `fields` headers of `size` bytes each, then read the answer (the
+    server may close the connection while the head is still being sent)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        try:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            for i in range(fields):
+                s.sendall(b"X-Flood-%d: " % i + b"a" * size + b"\r\n")
+            s.sendall(b"Content-Length: 2\r\n\r\n{}")
+        except OSError:
+            pass  # refused and closed mid-head
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+    return answer
+
+
+def _header_attacks(url: str, port: int) -> None:
+    stream = Stream(url, "B streams through the floods", 60)
+    stream.wait_started()
+    for fields, size, what in ((1, 40 << 20, b"over 65536 bytes"), (1000, 8, b"more than 100 header fields")):
+        answer = _flood(port, fields, size)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert what in answer and b"request_header_fields_too_large" in answer, answer[-300:]
+    r = httpx.post(url + "/v1/completions", json={"prompt": "who pays?", "max_tokens": 2}, timeout=60,
+                   headers=[("Authorization", f"Bearer {KEYS['A']}"), ("Authorization", f"Bearer {KEYS['B']}")])
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("Authorization", "duplicate_header")
+    assert "2 Authorization headers" in r.json()["error"]["message"]
+    stream.assert_whole()
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
+
+
+def test_a_header_flood_and_two_authorization_headers_are_refused_at_a_server():
+    with server() as srv:
+        _header_attacks(srv.url, srv.port)
+
+
+@pytest.mark.slow
+def test_a_header_flood_and_two_authorization_headers_are_refused_at_the_front(front):
+    _header_attacks(front.url, front.port)
+
+
+@pytest.mark.slow
+def test_a_client_that_hangs_up_on_the_front_has_its_non_streamed_request_cancelled_at_the_replica(front):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(front.url + "/v1/completions", headers=auth("A"), timeout=httpx.Timeout(60, read=1.0),
+                   json={"prompt": ["a batch", "through the front"], "max_tokens": 3000, "ignore_eos": True})
+    deadline = time.monotonic() + 10  # 3,000 tokens at 5 ms a step run for 15 s
+    while True:
+        states = [r["state"] for r in httpx.get(front.url + "/v1/replicas", timeout=10,
+                                                headers={"Authorization": "Bearer sk-operator"}).json()["replicas"]]
+        if all(s and s["num_running"] == 0 and s["num_waiting"] == 0 and s["in_flight"] == 0 for s in states):
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.05)
+    assert all(s["kv_used_blocks"] == 0 for s in states), states

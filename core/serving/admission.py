@@ -30,7 +30,7 @@ from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, SamplingParams
 from ..requests.sequence import Sequence
 from ..step.engine import Engine
 from . import protocol as p
-from .reading import Refused, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, off_loop, parse_body, read_body, unauthorized
 from .schema_limits import schema_problem
 from .tenants import ServeConfig, Tenants
 
@@ -87,7 +87,7 @@ class Intake:
 
     async def admit(self, http: HTTPRequest, chat: bool) -> tuple[str, Any, list[Request]]:
         """(tenant, body, engine requests: one per prompt) of an HTTP request, or `Refused`."""
-        tenant = self.tenants.identify(http.headers.get("authorization"))
+        tenant = self.tenants.identify(authorization(http))
         if tenant is None:
             raise unauthorized()
         try:

@@ -41,7 +41,7 @@ from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
 from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
-from .reading import Refused, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
 
@@ -149,7 +149,10 @@ class Front:
         started = time.monotonic()
         if self.closing:
             return error(503, "the server is shutting down")
-        tenant = self.tenants.identify(http.headers.get("authorization"))
+        try:
+            tenant = self.tenants.identify(authorization(http))
+        except Refused as refused:
+            return refused.response(http)
         if tenant is None:
             return unauthorized().response(http)
         try:

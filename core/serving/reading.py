@@ -64,6 +64,17 @@ def _unread(http: HTTPRequest) -> int:
         "transfer-encoding", "") else 0
 
 
+def authorization(http: HTTPRequest) -> str | None:
+    """The request's one `Authorization` header (None without one); `Refused` (400) when it has
+    several: which one names the tenant would be a guess (a front and its replica could guess
+    differently, routing as one tenant and billing another)."""
+    values = http.headers.getlist("authorization")
+    if len(values) > 1:
+        raise Refused(400, f"the request has {len(values)} Authorization headers; send one",
+                      param="Authorization", code="duplicate_header", reason="auth")
+    return values[0] if values else None
+
+
 def unauthorized() -> Refused:
     return Refused(401, "missing or unknown API key (Authorization: Bearer KEY)", code="invalid_api_key",
                    reason="auth")

@@ -13,6 +13,7 @@ import uvicorn
 from ..config import EngineConfig
 from ..step.engine import Engine
 from .app import build_app
+from .header_limits import uvicorn_http_settings
 from .tenants import ServeConfig
 from .tokens import ContentTokens
 
@@ -39,7 +40,7 @@ def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uv
     return uvicorn.Config(
         app, host=serve.host, port=serve.port if port is None else port, log_level="warning",
         timeout_graceful_shutdown=2, lifespan="on", access_log=False, proxy_headers=False,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=KEEP_ALIVE_S, **uvicorn_http_settings(),  # a request's head bounded: 431
     )
 
 
