@@ -5,6 +5,7 @@ for any app)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any
 
@@ -60,13 +61,30 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None) -> None:
+def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None,
+          sockets: list[Any] | None = None) -> None:
     """Serve until SIGINT/SIGTERM: the server stops accepting, in-flight streams get `drain_s`
     seconds to finish, then the engine loop cancels the rest (each ends with an error event and
-    `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given."""
+    `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given.
+    `sockets`: already bound (`listening_socket`), else uvicorn binds `host:port`."""
     app = build_app(engine, serve_config, tokenizer)
     app.state.server.on_stop = on_stop
-    serve_app(app, serve_config)
+    serve_app(app, serve_config, sockets)
+
+
+def listening_socket(serve_config: ServeConfig) -> socket.socket:
+    """A socket bound to the config's `host:port` (port 0: a free port the system picks), so the
+    command can say where it listens before it serves (`sock.getsockname()[1]`)."""
+    family = socket.getaddrinfo(serve_config.host, serve_config.port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((serve_config.host, serve_config.port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:
