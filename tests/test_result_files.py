@@ -118,3 +118,13 @@ def test_outputs_replace_the_previous_file_only_once_the_run_is_done(tmp_path, m
     assert cli.main(argv) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 20 and {r["finish_reason"] for r in lines} <= {"length", "eos", "stop"}
+
+
+def test_a_plugin_that_calls_sys_exit_at_import_is_an_error_naming_it(tmp_path, monkeypatch, capsys):
+    from metroline import cli
+
+    (tmp_path / "exits_at_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["run", "--workload", "chat", "--max-requests", "3", "--plugin", "exits_at_import:Policy"])
+    assert code == 2
+    assert "plugin 'exits_at_import:Policy': importing 'exits_at_import' called sys.exit(0)" in capsys.readouterr().err

@@ -308,3 +308,19 @@ def test_a_client_that_hangs_up_on_the_front_has_its_non_streamed_request_cancel
         assert time.monotonic() < deadline, states
         time.sleep(0.05)
     assert all(s["kv_used_blocks"] == 0 for s in states), states
+
+
+def test_a_quota_refusal_is_counted_under_its_tenant():
+    executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.002)))
+    config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"token_rate": {"A": 1},
+                                                                                     "burst": 50}})
+    tenants = {name: {"api_keys": [key]} for name, key in KEYS.items()}
+    with ServerThread(make_engine(config, executor), ServeConfig(tenants=tenants, public_metrics=True)) as srv:
+        answers = [httpx.post(srv.url + "/v1/completions", headers=auth("A"), timeout=60,
+                              json={"prompt": "over the burst", "max_tokens": 100}) for _ in range(2)]
+        assert answers[0].status_code == 200  # a full bucket pays for one request over the burst
+        r = answers[1]  # and is then below zero: full again in 114 s at 1 token/s
+        assert r.status_code == 429 and "over its token-rate quota" in r.json()["error"]["message"], r.text
+        rejections = {dict(labels)["tenant"]: v for (name, labels), v in _metrics(srv.url).items()
+                      if name == "metroline_rejections_total" and dict(labels)["reason"] == "quota"}
+        assert rejections == {"A": 1.0}

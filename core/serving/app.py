@@ -77,7 +77,11 @@ class Server:
         tenant's quota: its body, its (first) engine request and its stream (a `StreamGroup` for a
         completion with several prompts, all submitted or none)."""
         tenant, body, requests = await self.intake.admit(http, chat)
-        self._reserve(tenant, requests)
+        try:
+            self._reserve(tenant, requests)
+        except Refused as refused:
+            refused.tenant = tenant  # counted as the tenant's (`metroline_rejections`)
+            raise
         group = asyncio.Event() if len(requests) > 1 else None
         streams: list[RequestStream] = []
         try:
@@ -89,7 +93,9 @@ class Server:
             for request in requests:
                 self._settle(request.request_id, 0)
             type_ = "rate_limit_error" if exc.status == 429 else "server_error"
-            raise Refused(exc.status, str(exc), type_, reason=exc.reason, retry_after=exc.retry_after) from None
+            refused = Refused(exc.status, str(exc), type_, reason=exc.reason, retry_after=exc.retry_after)
+            refused.tenant = tenant
+            raise refused from None
         return body, requests[0], streams[0] if group is None else StreamGroup(streams)
 
     def _reserve(self, tenant: str, requests: list[Request]) -> None:
