@@ -82,8 +82,12 @@ def flood(fields: int, size: int) -> Callable[[str], int]:
         with socket.create_connection((host, int(port)), timeout=120) as s:
             try:
                 s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                piece = b"a" * min(size, 1 << 20)  # sent a MiB at a time, as a slow client would
                 for i in range(fields):
-                    s.sendall(b"X-Flood-%d: " % i + b"a" * size + b"\r\n")
+                    s.sendall(b"X-Flood-%d: " % i)
+                    for _ in range(size // len(piece)):
+                        s.sendall(piece)
+                    s.sendall(b"\r\n")
                 s.sendall(b"Content-Length: 2\r\n\r\n{}")
             except OSError:
                 pass  # refused and closed mid-head
@@ -167,6 +171,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=600)
     ap.add_argument("--step-time", type=float, default=0.005)
+    ap.add_argument("--only", metavar="TEXT", help="run only the abuses whose name holds TEXT")
     ap.add_argument("--reader", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reader:
@@ -180,6 +185,8 @@ def main() -> None:
             print(f"  {'abuse':<24} {'status':>6} {'refused in':>11} {'max gap':>9} {'p99 gap':>9}")
             print(f"  {'(none: baseline)':<24} {'':>6} {'':>11} {max(base) * 1e3:7.1f}ms {p99(base) * 1e3:7.1f}ms")
             for abuse in abuses():
+                if args.only and args.only not in abuse[0]:
+                    continue
                 gaps, status, took = measured(url, args.tokens, abuse)
                 print(f"  {abuse[0]:<24} {status:>6} {took * 1e3:9.1f}ms {max(gaps) * 1e3:7.1f}ms "
                       f"{p99(gaps) * 1e3:7.1f}ms")
