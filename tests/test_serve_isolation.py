@@ -324,3 +324,14 @@ def test_a_quota_refusal_is_counted_under_its_tenant():
         rejections = {dict(labels)["tenant"]: v for (name, labels), v in _metrics(srv.url).items()
                       if name == "metroline_rejections_total" and dict(labels)["reason"] == "quota"}
         assert rejections == {"A": 1.0}
+
+
+@pytest.mark.slow
+def test_the_front_refuses_a_batch_larger_than_the_waiting_queue_itself(front):
+    from metroline.core.serving.front import REPLICA_HEADER
+
+    r = httpx.post(front.url + "/v1/completions", headers=auth("A"), timeout=60,
+                   json={"prompt": [f"p{i}" for i in range(1025)], "max_tokens": 2})
+    assert r.status_code == 413 and REPLICA_HEADER not in r.headers, r.text  # no replica saw it
+    assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("batch_too_large", "prompt")
+    assert "a batch of 1025 prompts" in r.json()["error"]["message"] and "max_waiting=1024" in r.json()["error"]["message"]

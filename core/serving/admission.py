@@ -30,7 +30,7 @@ from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, SamplingParams
 from ..requests.sequence import Sequence
 from ..step.engine import Engine
 from . import protocol as p
-from .reading import Refused, authorization, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, check_batch, off_loop, parse_body, read_body, unauthorized
 from .schema_limits import schema_problem
 from .tenants import ServeConfig, Tenants
 
@@ -108,10 +108,7 @@ class Intake:
         if body.structured is not None and self.sim:
             raise Refused(400, "response_format: a structured output needs a model's logits: the simulated "
                           "executor has none", param="response_format")
-        if not chat and len(prompts := p.prompts_of(body.prompt)) > self.serve.max_waiting:
-            raise Refused(413, f"a batch of {len(prompts)} prompts can never be queued whole: at most "
-                          f"max_waiting={self.serve.max_waiting} requests wait at once", param="prompt",
-                          code="batch_too_large", reason="too_large")
+        check_batch(body, chat, self.serve.max_waiting)
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise Refused(429, problem, "rate_limit_error", "priority", reason="priority")

@@ -41,7 +41,7 @@ from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
 from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
-from .reading import Refused, authorization, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, check_batch, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
 
@@ -158,6 +158,7 @@ class Front:
         try:
             raw = await read_body(http, self.serve.max_body_bytes)
             body = await off_loop(parse_body, raw, chat, size=len(raw))
+            check_batch(body, chat, self.serve.max_waiting)  # the replicas would refuse it: so does the front
         except Refused as refused:
             return refused.response(http)
         request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))

@@ -85,6 +85,18 @@ def too_large(size: int | str, limit: int) -> Refused:
                    code="body_too_large", reason="too_large")
 
 
+def check_batch(body: Any, chat: bool, max_waiting: int) -> None:
+    """Refuse (413) a completion whose batch has more prompts than `max_waiting`: it could never be
+    queued whole, so it is refused as too large rather than told to come back (429)."""
+    if chat:
+        return
+    count = len(p.prompts_of(body.prompt))
+    if count > max_waiting:
+        raise Refused(413, f"a batch of {count} prompts can never be queued whole: at most "
+                      f"max_waiting={max_waiting} requests wait at once", param="prompt", code="batch_too_large",
+                      reason="too_large")
+
+
 INLINE_BYTES = 32 * 1024
 """A body (or a prompt, in characters) below this is parsed (tokenized) on the event loop itself:
 it takes microseconds, less than the hand-off to a worker thread and back."""
