@@ -39,8 +39,11 @@ def attributed(
     seq_at = argnames.index(seq_arg) if seq_arg is not None and seq_arg in argnames else None
 
     def whose(args: tuple, kwargs: dict) -> str | None:
-        seq = kwargs.get(seq_arg) if seq_arg in kwargs else args[seq_at] if seq_at is not None and seq_at < len(args) else None
-        return getattr(seq, "request_id", None)
+        if seq_arg in kwargs:
+            return getattr(kwargs[seq_arg], "request_id", None)
+        if seq_at is not None and seq_at < len(args):
+            return getattr(args[seq_at], "request_id", None)
+        return None
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
