@@ -7,7 +7,10 @@ the simulated executor, `--step-time` seconds a step): a 20 MB body without a ke
 with a key (413: over `max_body_bytes`), a 1 MB text prompt (400: more characters than any prompt
 that fits the context, refused before tokenizing), a 100 MB body with a key (413), a body nested
 100,000 deep (400), a `response_format` with 5,000 `anyOf` branches (400 at submission), 10,000
-stop strings (400). Printed per abuse: the status, the refusal's wall time at the client (which
+stop strings (400); heads of 40 MB and 80 MB (one header, no key) and of 10,000 header fields (431,
+refused past 64 KiB or 100 fields), two `Authorization` headers (400), a 400-digit `priority`, a
+5,000-digit integer, a lone surrogate and `deadline_s: Infinity` (400 naming the field), a batch of
+100,000 prompts (413: more than `max_waiting`). Printed per abuse: the status, the refusal's wall time at the client (which
 includes sending the body over loopback), and the stream's max and p99 inter-token gap (read by a
 client process of its own).
 
@@ -20,17 +23,22 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from serve_process import start_serve
 
-ROOT = Path(__file__).resolve().parents[2]
+import metroline  # noqa: E402
+
+ROOT = Path(metroline.__file__).parent.parent  # the servers import the code this bench imports
 KEY = "sk-bench"
 CONFIG = f"""
 max_model_len = 4096
@@ -66,9 +74,39 @@ def stream_gaps(url: str, tokens: int, out: list[float], started: threading.Even
             last = now
 
 
-def abuses() -> list[tuple[str, dict, bytes]]:
+def flood(fields: int, size: int) -> Callable[[str], int]:
+    """An abuse that sends a request head of `fields` headers of `size` bytes each over a raw
+    socket (no key) and reads the answer's status (0: none, the connection closed)."""
+    def send(url: str) -> int:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=120) as s:
+            try:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                piece = b"a" * min(size, 1 << 20)  # sent a MiB at a time, as a slow client would
+                for i in range(fields):
+                    s.sendall(b"X-Flood-%d: " % i)
+                    for _ in range(size // len(piece)):
+                        s.sendall(piece)
+                    s.sendall(b"\r\n")
+                s.sendall(b"Content-Length: 2\r\n\r\n{}")
+            except OSError:
+                pass  # refused and closed mid-head
+            answer = b""
+            try:
+                while len(answer) < 12 and (chunk := s.recv(65536)):
+                    answer += chunk
+            except OSError:
+                pass
+        return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+    return send
+
+
+def abuses() -> list[tuple[str, Any, bytes]]:
     key = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
     plain = {"content-type": "application/json"}
+    twice = [("Authorization", f"Bearer {KEY}"), ("Authorization", "Bearer sk-other"),
+             ("content-type", "application/json")]
     anyof = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}} for i in range(5000)]}
     return [
         ("20 MB body, no key", plain, json.dumps({"prompt": "x" * (20 << 20)}).encode()),
@@ -79,6 +117,15 @@ def abuses() -> list[tuple[str, dict, bytes]]:
         ("anyOf of 5,000 schemas", key, json.dumps({"prompt": "hi", "response_format": {
             "type": "json_schema", "json_schema": {"name": "s", "schema": anyof}}}).encode()),
         ("10,000 stop strings", key, json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}).encode()),
+        ("40 MB header, no key", flood(1, 40 << 20), b""),
+        ("80 MB header, no key", flood(1, 80 << 20), b""),
+        ("10,000 header fields", flood(10_000, 8), b""),
+        ("two Authorization", twice, json.dumps({"prompt": "hi", "max_tokens": 2}).encode()),
+        ("400-digit priority", key, b'{"prompt": "hi", "max_tokens": 2, "priority": ' + b"9" * 400 + b"}"),
+        ("5,000-digit integer", key, b'{"prompt": "hi", "seed": ' + b"7" * 5000 + b"}"),
+        ("a lone surrogate", key, b'{"prompt": "a \\ud800 b", "max_tokens": 2}'),
+        ("deadline_s Infinity", key, b'{"prompt": "hi", "max_tokens": 2, "deadline_s": Infinity}'),
+        ("batch of 100,000", key, json.dumps({"prompt": [f"p{i}" for i in range(100_000)], "max_tokens": 2}).encode()),
     ]
 
 
@@ -98,7 +145,10 @@ def measured(url: str, tokens: int, abuse: tuple[str, dict, bytes] | None) -> tu
     if abuse is not None:
         _, headers, body = abuse
         t0 = time.monotonic()
-        status = httpx.post(url + "/v1/completions", content=body, headers=headers, timeout=120).status_code
+        if callable(headers):  # a raw-socket abuse
+            status = headers(url)
+        else:
+            status = httpx.post(url + "/v1/completions", content=body, headers=headers, timeout=120).status_code
         took = time.monotonic() - t0
     gaps = json.loads(reader.stdout.read())
     reader.wait(30)
@@ -121,6 +171,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=600)
     ap.add_argument("--step-time", type=float, default=0.005)
+    ap.add_argument("--only", metavar="TEXT", help="run only the abuses whose name holds TEXT")
     ap.add_argument("--reader", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reader:
@@ -134,6 +185,8 @@ def main() -> None:
             print(f"  {'abuse':<24} {'status':>6} {'refused in':>11} {'max gap':>9} {'p99 gap':>9}")
             print(f"  {'(none: baseline)':<24} {'':>6} {'':>11} {max(base) * 1e3:7.1f}ms {p99(base) * 1e3:7.1f}ms")
             for abuse in abuses():
+                if args.only and args.only not in abuse[0]:
+                    continue
                 gaps, status, took = measured(url, args.tokens, abuse)
                 print(f"  {abuse[0]:<24} {status:>6} {took * 1e3:9.1f}ms {max(gaps) * 1e3:7.1f}ms "
                       f"{p99(gaps) * 1e3:7.1f}ms")

@@ -314,7 +314,7 @@ def main() -> None:
     recorder, served = EngineTTFT(), Served()
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model(args.cost_model)))
     engine = make_engine(EngineConfig(**fields), executor, plugins=[recorder, served])
-    serve = ServeConfig(max_waiting=args.max_waiting,
+    serve = ServeConfig(**({} if args.max_waiting is None else {"max_waiting": args.max_waiting}),
                         tenants={t: {"api_keys": [k]} for t, k in TENANTS.items()})
     load_before = os.getloadavg()[0]
     server_cpus, client_cpus = (None, None) if args.no_pin else _split_cpus()

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from metroline.core.config import EngineConfig
+from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.requests.request import Request, SamplingParams
 from metroline.core.requests.sequence import FinishReason
 from metroline.core.step.async_engine import AsyncEngine, Rejected
@@ -133,3 +134,107 @@ def alone(prompt: list[int], max_tokens: int) -> list[int]:
     ref = Engine(EngineConfig(), SimulatedExecutor(make_cost_model("steps")))
     out = ref.generate([Request(request_id="r", prompt_token_ids=prompt, sampling=SamplingParams(max_new_tokens=max_tokens))])
     return out["r"][0].output_token_ids
+
+
+# --- one tenant's plugin errors fail that tenant's requests only --------------------------------
+
+
+class Hostile:
+    """A plugin that misbehaves for tenant A's requests only, in one of four ways (`mode`): its
+    `on_arrival` raises, its `sample` wrapper answers a token id that is none (-7) in A's rows, its
+    `estimate_output_tokens` answers nonsense (`"lots"`; srpt asks it), its `check_request` answers
+    something that is no reason (42)."""
+
+    name = "hostile"
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    @hookimpl
+    def on_arrival(self, seqs):
+        if self.mode == "raise" and any(s.tenant == "A" for s in seqs):
+            raise ValueError("tenant A is not welcome")
+
+    @hookimpl(wrapper=True)
+    def sample(self, seqs):
+        tokens = yield
+        if self.mode != "sample":
+            return tokens
+        return [-7 if s.tenant == "A" else t for s, t in zip(seqs, tokens)]
+
+    @hookimpl
+    def estimate_output_tokens(self, seq):
+        return "lots" if self.mode == "estimate" and seq.tenant == "A" else None
+
+    @hookimpl
+    def check_request(self, seq):
+        return 42 if self.mode == "check" and seq.tenant == "A" else None
+
+
+MODES = {  # mode -> (the hook the error names, what it says)
+    "raise": ("on_arrival", "raised ValueError: tenant A is not welcome"),
+    "sample": ("sample", "token id -7 is outside"),
+    "estimate": ("estimate_output_tokens", "expected an int >= 0, got 'lots'"),
+    "check": ("check_request", "expected a reason (a non-empty string) or None, got 42"),
+}
+CASES = [(policy, mode) for mode in MODES
+         for policy in (["srpt"] if mode == "estimate" else ["fcfs", "static", "priority", "srpt", "weighted_fair",
+                                                              "token_rr"])]
+
+
+def tenant_request(rid: str, tenant: str, tokens: int) -> Request:
+    prompt = [1 + (hash(rid) % 997), 2, 3, 4, 5][: 2 + len(rid) % 4]
+    return Request(request_id=rid, tenant=tenant, prompt_token_ids=prompt, sampling=SamplingParams(max_new_tokens=tokens))
+
+
+@pytest.mark.parametrize("policy, mode", CASES, ids=[f"{p}-{m}" for p, m in CASES])
+def test_a_plugin_failing_tenant_a_requests_fails_those_only_and_tenant_b_streams_complete(policy, mode):
+    """B's 6 requests run, then A's 4 and B's 4 more are submitted together (they arrive in one
+    step): every B request completes with the tokens it gets with no hostile plugin at all, every
+    A request fails with an error naming the plugin, the hook and the request, and every block
+    comes back."""
+    from metroline.core.serving.tokens import ContentTokens
+
+    def make(plugins):
+        executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001)))
+        return Engine(EngineConfig(policy=policy, max_num_seqs=8, num_blocks=64, block_size=4), executor,
+                      plugins=[ContentTokens(), *plugins], retain_finished=False)
+
+    first_b = [tenant_request(f"b{i}", "B", 30) for i in range(6)]
+    a = [tenant_request(f"a{i}", "A", 30) for i in range(4)]
+    later_b = [tenant_request(f"b{i}", "B", 12) for i in range(6, 10)]
+
+    async def serve(eng, early, together):
+        loop = AsyncEngine(eng)
+        await loop.start()
+        streams = {r.request_id: loop.submit(r) for r in early}
+        for _ in range(1000):  # bounded: every early request has its first token (10 s at most)
+            if all(s.choices[0].tokens or s.finished for s in streams.values()):
+                break
+            await asyncio.sleep(0.01)
+        streams.update({r.request_id: loop.submit(r) for r in together})  # one loop turn: one step
+        await asyncio.wait_for(asyncio.gather(*(s.result() for s in streams.values())), 60)
+        await loop.shutdown()
+        return streams, loop
+
+    hostile = make([Hostile(mode)])
+    interleaved = [r for pair in zip(a, later_b) for r in pair]
+    streams, loop = asyncio.run(serve(hostile, first_b, interleaved))
+    reference, _ = asyncio.run(serve(make([]), first_b, later_b))
+
+    for r in first_b + later_b:
+        s = streams[r.request_id]
+        assert (s.finish_reason, s.error) == (FinishReason.LENGTH, None), (r.request_id, s.error)
+        assert s.choices[0].tokens == reference[r.request_id].choices[0].tokens
+        assert len(s.choices[0].tokens) == r.sampling.max_new_tokens
+    hook, problem = MODES[mode]
+    for r in a:
+        s = streams[r.request_id]
+        assert s.finish_reason is FinishReason.FAILED, (r.request_id, s.finish_reason)
+        named = s.error.split(", hook")[0]  # a wrapper's bad answer names the wrapper too
+        assert named in ("PluginError: plugin 'hostile'", "PluginError: plugin 'content_tokens (through wrapper "
+                         "hostile)'") and f"hook '{hook}'" in s.error, s.error
+        assert f"request '{r.request_id}'" in s.error and problem in s.error, s.error
+    assert loop.describe()["plugin_errors"] >= (1 if mode != "check" else 0)
+    hostile.pool.check_invariants([])
+    assert hostile.pool.num_used_blocks() == 0 and not hostile.has_unfinished()

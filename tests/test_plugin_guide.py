@@ -431,8 +431,10 @@ def test_each_victim_is_reported_once_and_before_the_admissions_of_its_step(on_p
             both += 1
             assert hooks[0] == "on_preempted"
     assert both > 0
-    per_step = Counter((step, hook) for step, hook, _ in recorder.events if hook != "on_preempted")
-    assert max(per_step.values()) == 1  # the other observers: once a step
+    per_step = Counter((step, hook) for step, hook, _ in recorder.events if hook not in ("on_preempted", "on_arrival"))
+    assert max(per_step.values()) == 1  # the other observers: once a step (on_arrival: once a request)
+    arrivals = [i for _, hook, ids in recorder.events if hook == "on_arrival" for i in ids]
+    assert sorted(arrivals) == sorted(set(arrivals)) and len(arrivals) == 200  # each request once
 
 
 # --- the API reference, and every block accounted for --------------------------------------------

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +28,11 @@ pytest.importorskip("uvicorn")
 from metroline.core.serving.front import REPLICA_HEADER  # noqa: E402
 from metroline.core.serving.schema_limits import schema_problem  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+import metroline  # noqa: E402
+
+ROOT = Path(metroline.__file__).parent.parent
+"""The folder `metroline` is imported from here (the servers these tests start import the same code,
+not whatever an editable install points to)."""
 KEYS = {"alpha": "sk-alpha", "beta": "sk-beta", "gamma": "sk-gamma"}
 OPERATOR = "sk-operator"
 CONFIG = f"""
@@ -65,34 +69,35 @@ OP = {"Authorization": f"Bearer {OPERATOR}"}
 
 
 class Served:
-    """`metroline serve` in a process of its own on a free loopback port; stderr kept."""
+    """`metroline serve --port 0` in a process of its own (it binds a free loopback port and says
+    which); stderr kept."""
 
     def __init__(self, tmp: Path, cluster: bool, *flags: str) -> None:
         config = tmp / "serve.toml"
         config.write_text(CONFIG + (CLUSTER if cluster else ""))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.err = (tmp / "stderr.txt").open("w+")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port",
-                                      str(self.port), *SIM, *flags], stderr=self.err, env=env)
+                                      "0", *SIM, *flags], stderr=self.err, env=env)
         deadline = time.monotonic() + 120
+        self.port = 0
         while True:
             assert self.proc.poll() is None, self.stderr()
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
+            if not self.port:
+                said = re.search(r"serving '[^']*' on http://127\.0\.0\.1:(\d+)", self.stderr())
+                self.port = int(said.group(1)) if said else 0
+                self.url = f"http://127.0.0.1:{self.port}"
+            if self.port:
+                try:
+                    if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
 
     def stderr(self) -> str:
-        self.err.flush()
-        self.err.seek(0)
-        return self.err.read()
+        return Path(self.err.name).read_text()  # its own offset: the server's writes go on at theirs
 
     def stop(self) -> int:
         if self.proc.poll() is None:

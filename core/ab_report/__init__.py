@@ -36,10 +36,12 @@ def _prepare(folder: str | Path) -> Path:
 
 
 def _write(folder: Path, blocks: list[Block], title: str, doc: dict[str, Any]) -> None:
-    from ..results.files import write_json
+    from ..results.files import atomic_open, write_json
 
-    (folder / "report.md").write_text(f"# {title}\n\n" + to_markdown(blocks), encoding="utf-8")
-    (folder / "report.html").write_text(to_html([Heading(title, 1), *blocks], title), encoding="utf-8")
+    with atomic_open(folder / "report.md", "--report") as f:  # whole or not at all, as every result file
+        f.write(f"# {title}\n\n" + to_markdown(blocks))
+    with atomic_open(folder / "report.html", "--report") as f:
+        f.write(to_html([Heading(title, 1), *blocks], title))
     write_json(folder / "result.json", doc)
 
 
@@ -158,7 +160,9 @@ def _common_rate(doc: dict[str, Any], series: dict[tuple[str, float], RunSeries]
 def _points_csv(path: Path, doc: dict[str, Any]) -> None:
     fields = ["policy", "rate_req_s", "rate_scale", "attainment", "goodput_req_s", "ttft_p50_s", "ttft_p99_s",
               "tpot_p50_s", "e2e_p99_s", "completed", "requests"]
-    with path.open("w", newline="", encoding="utf-8") as f:
+    from ..results.files import atomic_open
+
+    with atomic_open(path, "--report") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(fields)
         for p in doc["points"]:

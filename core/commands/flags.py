@@ -112,7 +112,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help=f"address to listen on {default('host')}")
     p.add_argument("--port", type=int, help=f"port {default('port')}")
     p.add_argument("--max-waiting", type=int, metavar="N",
-                   help="answer 429 at once past N waiting requests (default: no bound)")
+                   help="answer 429 at once past N waiting requests, 413 to a batch of more prompts (default: 1024)")
     p.add_argument("--ramp-s", type=float, metavar="S",
                    help=f"cold start: reach max_num_seqs in flight over S seconds {default('ramp_s')}")
     p.add_argument("--buffer-tokens", type=int, metavar="N",

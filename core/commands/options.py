@@ -142,8 +142,11 @@ def relative_to_file(table: dict[str, Any], config_path: Path) -> dict[str, Any]
 
 def check_output_paths(args: argparse.Namespace) -> None:
     """Refuse, before a run, an output file whose folder does not exist (a typo in a path would
-    otherwise be found only after the run, or silently create a folder)."""
-    for flag in ("json", "requests_csv", "steps_csv"):
+    otherwise be found only after the run, or silently create a folder), and a path where something
+    other than a regular file is (a symbolic link, a FIFO, a device: `files.not_regular`)."""
+    from ..results.files import not_regular
+
+    for flag in ("json", "requests_csv", "steps_csv", "outputs"):
         path = getattr(args, flag, None)
         if path is None:
             continue
@@ -152,6 +155,10 @@ def check_output_paths(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')}: {path}: the folder {parent} does not exist")
         if Path(path).is_dir():
             raise ConfigError(f"--{flag.replace('_', '-')}: {path} is a folder, not a file")
+        kind = not_regular(path)
+        if kind is not None:  # a result replaces its file whole: it would replace this
+            raise ConfigError(f"--{flag.replace('_', '-')}: {path} is {kind}; results are written only to a "
+                              "regular file or a new path")
 
 
 def make_executor(run: dict[str, Any]) -> Any:

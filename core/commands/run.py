@@ -39,9 +39,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             oracle_lengths=bool(run.get("oracle_lengths")), progress=args.progress, window_s=run.get("window", 60.0),
             measure=measurement(run), **({"vocab_size": vocab} if vocab else {}),
         )
-    finally:
+    except BaseException as exc:
         if writer is not None:
-            writer.close()
+            writer.abandon(exc)
+        raise
+    if writer is not None:
+        writer.close()
     engine.close()
     report.print_summary_table(doc)
     from ..results.deadlines import deadline_line

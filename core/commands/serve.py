@@ -126,13 +126,15 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from ..serving.server import make_engine, serve
+    from ..serving.server import listening_socket, make_engine, serve
 
     if with_replicas(args):
         return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
-    serve(make_engine(config, executor), serve_config, on_stop=print_summary)
+    sock = listening_socket(serve_config)  # bound now: `--port 0` prints the port it got
+    port = sock.getsockname()[1]
+    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}", file=sys.stderr, flush=True)
+    serve(make_engine(config, executor), serve_config, on_stop=print_summary, sockets=[sock])
     return 0
 
 
@@ -149,15 +151,21 @@ def print_summary(server: Any) -> None:
 def cmd_serve_replicas(args: argparse.Namespace) -> int:
     """Serve the front of `--replicas`/`--pools` until interrupted; the replicas are stopped with it."""
     from ..serving.replicas import stop_all
-    from ..serving.server import serve_app
+    from ..serving.server import listening_socket, serve_app
 
     app, serve_config = front_setup(args)
     front = app.state.front
     names = ", ".join(f"{r.name} ({r.pool}) {r.url}" for r in front.replicas)
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}, "
-          f"router {'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr)
     try:
-        serve_app(app, serve_config)
+        sock = listening_socket(serve_config)  # bound now: `--port 0` prints the port it got
+    except BaseException:
+        stop_all(front.replicas)
+        raise
+    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{sock.getsockname()[1]}, "
+          f"router {'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr,
+          flush=True)
+    try:
+        serve_app(app, serve_config, [sock])
     finally:
         stop_all(front.replicas, timeout=serve_config.drain_s + 5)  # stopped already unless uvicorn failed
     return 0

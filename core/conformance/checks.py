@@ -23,7 +23,6 @@ PER_STEP_LIMITS: dict[str, int] = {
     "split_budget": 1,
     "order_running": 1,
     "sample": 1,
-    "on_arrival": 1,
     "on_admitted": 2,  # the step's admissions, and the siblings forked for n > 1
     "on_preempted": 1,
     "on_tokens": 1,
@@ -32,7 +31,9 @@ PER_STEP_LIMITS: dict[str, int] = {
 }
 """How many times each hook may be called in one step. `select_victim` may be called once per
 preemption or refusal (at most `REFUSALS_PER_STEP` for blocks and one for slots, whatever the
-queue's length), so its bound is `2 * max_num_seqs + REFUSALS_PER_STEP + 1`."""
+queue's length), so its bound is `2 * max_num_seqs + REFUSALS_PER_STEP + 1`. `on_arrival` is called
+once per request that arrived (so that an error it raises is that request's alone): as many times
+as the step's arrivals, which no limit here bounds."""
 
 
 class CheckingExecutor:

@@ -114,6 +114,16 @@ def _select_victim(plugin: str, answer: Any) -> Any:
     return answer
 
 
+def token_problem(token: Any, vocab_size: int | None) -> str | None:
+    """What is wrong with one token id of a `sample` answer (an int in [0, vocab_size)), or None."""
+    if type(token) is not int and not _is_int(token):
+        return f"token ids must be ints, got {_describe(token)}"
+    if token < 0 or (vocab_size is not None and token >= vocab_size):
+        limit = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+        return f"token id {token} is outside {limit}"
+    return None
+
+
 def tokens_problem(tokens: Any, n: int, vocab_size: int | None) -> str | None:
     """What is wrong with a `sample` answer for `n` sequences (token ids must be ints in
     [0, vocab_size)), or None."""

@@ -166,8 +166,9 @@ def sample(ctx: StepContext, seqs: list[Sequence], logits: Any, eos_token_id: in
         default (`core/requests/sampling.py`) applies each sequence's `SamplingParams`; a wrapper
         may adjust its tokens. The engine then checks the stop conditions. A sequence that cannot
         go on (its grammar reached an error state) is ended by `ctx.fail(seq, reason)` during the
-        call: its token is dropped and it ends as failed, while an exception fails every
-        sequence of the step.
+        call: its token is dropped and it ends as failed. A row whose answer is no token id (not
+        an int, or outside the vocabulary) fails that row's request alone, as a `PluginError`
+        naming it; an exception, or a list of the wrong length, fails every sequence of the step.
 
     Called once per step that has sequences to sample, after the executor ran; under speculative
     decoding once more for each position of accepted drafts, with the sequences whose last token

@@ -16,35 +16,54 @@ FIRST_ANSWER_HOOKS = (*hookspecs.DECISION_HOOKS, *hookspecs.EDGE_HOOKS)
 that gave it is recorded (`PluginManager.answerer`)."""
 
 
+PER_REQUEST_HOOKS = {"estimate_output_tokens": "seq", "check_request": "seq"}
+"""The hooks called for one request's sequence (hook -> the argument that holds it): an error one
+of them raises or answers is that request's (`PluginError.request_id`)."""
+
+
 def attributed(
     fn: Any, plugin: str, hook: str, answerer: dict[str, str], observer_errors: list[PluginError],
-    answered: dict[str, Any] | None = None,
+    answered: dict[str, Any] | None = None, argnames: tuple[str, ...] = (),
 ) -> Any:
     """`fn`, one plugin's implementation of `hook`, wrapped so that an exception it raises becomes
     a `PluginError` naming the plugin and the hook (kept in `observer_errors` for an observer hook,
     so the other observers still hear of the event), a firstresult hook's answer is recorded in
-    `answerer` (and the answer itself in `answered`, when given) and checked (`answers.CHECKS`)."""
+    `answerer` (and the answer itself in `answered`, when given) and checked (`answers.CHECKS`).
+    For a hook of `PER_REQUEST_HOOKS` the error names the request too (`argnames`: `fn`'s
+    arguments, as pluggy passes them: by position on the relay's direct path, else by name)."""
     check = answers.CHECKS.get(hook)
     decision = hook in FIRST_ANSWER_HOOKS
     answered = {} if answered is None else answered
     deferred = observer_errors if hook in hookspecs.OBSERVER_HOOKS else None
+    seq_arg = PER_REQUEST_HOOKS.get(hook)
+    seq_at = argnames.index(seq_arg) if seq_arg is not None and seq_arg in argnames else None
+
+    def whose(args: tuple, kwargs: dict) -> str | None:
+        if seq_arg in kwargs:
+            return getattr(kwargs[seq_arg], "request_id", None)
+        if seq_at is not None and seq_at < len(args):
+            return getattr(args[seq_at], "request_id", None)
+        return None
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             result = fn(*args, **kwargs)
-        except PluginError as exc:
-            err = exc
-        except Exception as exc:
-            err = PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-        else:
             if decision and result is not None:
                 answerer[hook] = plugin
                 if check is not None:
                     result = check(plugin, result)
                 answered[hook] = result
             return result
+        except PluginError as exc:
+            err = exc
+        except Exception as exc:
+            err = PluginError(plugin, hook, f"raised {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+        if seq_arg is not None:
+            rid = whose(args, kwargs)
+            if rid is not None:
+                err.for_request(rid)
         if deferred is None:
             raise err
         deferred.append(err)  # the other observers still hear of the event; raised after them

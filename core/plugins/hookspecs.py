@@ -15,7 +15,7 @@ The step protocol: the hooks one `Engine.step` calls, in this order (`?`: at mos
 number of times, `a|b`: either; an observer nobody implements is skipped). `STEP_PROTOCOL` is
 parsed from this list and the tests check every step against it (tests/test_hook_order.py)::
 
-    on_arrival?                    the requests that arrived since the last step
+    on_arrival*                    once per request that arrived since the last step
     split_budget                   every step
     num_draft_tokens?              speculative decoding on and sequences decode
     order_running?                 when sequences run
@@ -41,8 +41,14 @@ or the wrapper, that answered. What needs the engine's state (a victim that is n
 split above the budget) is checked where it is used, after every wrapper, naming the plugin that
 answered and the wrappers it went through. An exception raised by any implementation, wrappers
 included, is a `PluginError` naming that plugin and the hook. The error leaves the engine
-consistent: the requests of the interrupted step end as `failed` (`metroline.core.step.recovery`); an
-observer still reaches every other implementation (the first error is raised after all ran).
+consistent, and what it fails depends on whether it is one request's (see docs/architecture.md,
+"Plugin errors"): an error of a hook called for one request alone (`on_arrival`, delivered one
+request at a time; `estimate_output_tokens` and `check_request`, asked for one sequence) or of
+one row of a `sample` answer fails that request only (`PluginError.request_id` names it), the
+step goes on for the others and `Engine.step` raises the error when the step is done; any other
+interrupts the step, and the requests it may have left in doubt end as `failed`
+(`metroline.core.step.recovery`). An observer still reaches every other implementation (the
+first error is raised after all ran).
 
 `ctx` is the `StepContext` of the engine: `ctx.now`, `ctx.step`, `ctx.config`, `ctx.running`,
 `ctx.waiting`, `ctx.swapped`, `ctx.num_free_blocks()`, ... (see `metroline.core.step.context`).

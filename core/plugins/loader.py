@@ -125,6 +125,8 @@ def import_dotted(path: str, label: str, error: type[Exception] = PluginLoadErro
         raise error(f"{label}: cannot import {module_name!r}: {exc}{hint}") from exc
     except Exception as exc:  # the module raised while importing (SyntaxError included)
         raise error(f"{label}: importing {module_name!r} raised {type(exc).__name__}: {exc}") from exc
+    except SystemExit as exc:  # sys.exit() at import: not a reason for the command to end, silently
+        raise error(f"{label}: importing {module_name!r} called sys.exit({exc.code!r})") from exc
     for part in filter(None, attr.split(".")):
         try:
             obj = getattr(obj, part)

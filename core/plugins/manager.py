@@ -108,7 +108,8 @@ class PluginManager:
                     )
                 else:
                     hook_impl.function = attributed(
-                        hook_impl.function, name, impl.name, self._answerer, self._observer_errors, self._answered
+                        hook_impl.function, name, impl.name, self._answerer, self._observer_errors, self._answered,
+                        tuple(hook_impl.argnames),
                     )
 
     def monitor(self, before: Any, after: Any) -> Any:

@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 def on_arrival(ctx: StepContext, seqs: list[Sequence]) -> None:
     """Sequences that joined the waiting queue (new requests) since the last step.
 
-    Called once per step, first thing in `Scheduler.schedule`, when there are any: a request
-    arrives at the next step (one with a future `arrival_time`, at the first step that starts at or
-    after it). The samples of an `n > 1` request never arrive: `on_admitted` reports them.
+    Called first thing in `Scheduler.schedule`, once per request that arrived (`seqs` holds that
+    one request's sequence), so that an error it raises is that request's alone: the request
+    fails and the step goes on for the others. A request arrives at the next step (one with a
+    future `arrival_time`, at the first step that starts at or after it). The samples of an
+    `n > 1` request never arrive: `on_admitted` reports them.
     """
 
 

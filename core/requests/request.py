@@ -19,6 +19,16 @@ def _next_id() -> str:
     return f"req-{next(_ids)}"
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+"""The bounds of `priority` (a 32-bit signed integer, as a wire format would carry it) and of the
+other integers that reach plugins (`expected_output_tokens`, `top_k`, `min_tokens`, the stop
+token ids, a `metadata` integer): a policy computes with them in floats, so nothing larger gets in."""
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+"""The seeds a generator takes (`torch.Generator.manual_seed`'s range)."""
+MAX_DEADLINE = 1e12
+"""The latest `deadline` (seconds on the engine's clock, about 31,700 years): any finite float
+computes, this keeps every sum and product of deadlines finite."""
+
 GREEDY_TEMPERATURE = 1e-5
 """Below this temperature sampling is greedy (vLLM's threshold)."""
 
@@ -108,17 +118,17 @@ class SamplingParams(BaseModel):
 
     max_new_tokens: Annotated[int, Field(ge=1, strict=True)] = 16
     temperature: Annotated[float, Field(ge=0.0, strict=True, allow_inf_nan=False)] = 1.0
-    top_k: Annotated[int | None, Field(ge=0, strict=True)] = None
+    top_k: Annotated[int | None, Field(ge=0, le=INT32_MAX, strict=True)] = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, strict=True)] = 1.0
     min_p: Annotated[float, Field(ge=0.0, le=1.0, strict=True)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, strict=True, allow_inf_nan=False)] = 1.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True)] = 0.0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0, strict=True)] = 0.0
-    seed: Annotated[int | None, Field(strict=True)] = None
+    seed: Annotated[int | None, Field(ge=SEED_MIN, le=SEED_MAX, strict=True)] = None
     stop: tuple[Annotated[str, Field(min_length=1, strict=True)], ...] = ()
-    stop_token_ids: tuple[Annotated[int, Field(ge=0, strict=True)], ...] = ()
+    stop_token_ids: tuple[Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)], ...] = ()
     ignore_eos: Annotated[bool, Field(strict=True)] = False
-    min_tokens: Annotated[int, Field(ge=0, strict=True)] = 0
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX, strict=True)] = 0
     n: Annotated[int, Field(ge=1, strict=True)] = 1
     logprobs: Annotated[int | None, Field(ge=0, le=20, strict=True)] = None
     structured_output: StructuredOutput | None = None
@@ -152,15 +162,16 @@ class SamplingParams(BaseModel):
 METADATA_MAX_KEYS = 16
 MetadataKey = Annotated[str, Field(min_length=1, max_length=64, strict=True)]
 MetadataValue = Annotated[str, Field(max_length=512, strict=True)] | Annotated[
-    bool, Field(strict=True)] | Annotated[int, Field(strict=True)] | Annotated[
+    bool, Field(strict=True)] | Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX, strict=True)] | Annotated[
     float, Field(strict=True, allow_inf_nan=False)]
-"""A `Request.metadata` key and value: OpenAI's limits for strings, plus numbers and booleans."""
+"""A `Request.metadata` key and value: OpenAI's limits for strings, plus numbers (integers within
+32 bits, finite floats) and booleans."""
 
 
 class Request(BaseModel):
     """One generation request as submitted.
 
-    `priority`: lower is more urgent. `arrival_time`: seconds on the engine's clock; None means
+    `priority`: lower is more urgent, a 32-bit integer (`INT32_MIN` to `INT32_MAX`). `arrival_time`: seconds on the engine's clock; None means
     "now" when submitted. `expected_output_tokens`: an optional hint for policies such as SRPT.
     `deadline`: seconds on the engine's clock by which the client wants the request finished.
     `cache_salt`: an extra key for the prefix cache; requests only share KV with the same salt.
@@ -176,11 +187,11 @@ class Request(BaseModel):
 
     request_id: str = Field(default_factory=_next_id, min_length=1, strict=True)
     tenant: str = Field(default="default", min_length=1, strict=True)
-    priority: int = Field(default=0, strict=True)
+    priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX, strict=True)
     arrival_time: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
     prompt_token_ids: list[Annotated[int, Field(ge=0, strict=True)]] = Field(min_length=1)
-    expected_output_tokens: Annotated[int | None, Field(ge=0, strict=True)] = None
-    deadline: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, strict=True)
+    expected_output_tokens: Annotated[int | None, Field(ge=0, le=INT32_MAX, strict=True)] = None
+    deadline: float | None = Field(default=None, ge=0.0, le=MAX_DEADLINE, allow_inf_nan=False, strict=True)
     cache_salt: str | None = Field(default=None, strict=True)
     metadata: dict[MetadataKey, MetadataValue] = Field(default_factory=dict, max_length=METADATA_MAX_KEYS)
     sampling: SamplingParams = Field(default_factory=SamplingParams)

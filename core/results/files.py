@@ -3,7 +3,8 @@ per step tuple (with one running-count column per tenant).
 
 Every file is written atomically (`atomic_open`): into a temporary file in the same folder, which
 replaces the target only once it is whole, so a killed run or a full disk leaves either the old
-file or none, never a truncated one."""
+file or none, never a truncated one. Only a regular file is ever replaced: a symbolic link, a
+FIFO, a device or a folder at the path is refused (`check_writable`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import contextlib
 import csv
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -35,12 +37,39 @@ def _cell(v: Any) -> Any:
     return "" if v is None else v
 
 
+def not_regular(path: str | Path) -> str | None:
+    """What `path` is when it is there and is not a regular file (a symbolic link, a FIFO, a device,
+    a folder, a socket): a result file written there would replace it, not write into it. None
+    when nothing is there or a regular file is."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"))
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
+
+
+def check_writable(path: str | Path, what: str = "output") -> None:
+    """Refuse (`ValueError` naming `what`, the flag) to write a result over anything but a regular
+    file: a result replaces its file whole (`atomic_open`), so a symbolic link, a FIFO or a device
+    there would be replaced by a regular file."""
+    kind = not_regular(path)
+    if kind is not None:
+        raise ValueError(f"{what}: {path} is {kind}; results are written only to a regular file or a new path "
+                         "(it would be replaced, not written through)")
+
+
 @contextlib.contextmanager
-def atomic_open(path: str | Path):
+def atomic_open(path: str | Path, what: str = "output"):
     """A text file to write `path` through: a temporary file in `path`'s folder (created if need
     be), flushed to disk and renamed onto `path` when the block ends; removed, leaving `path` as it
-    was, when the block raises."""
+    was, when the block raises. Anything at `path` but a regular file is refused before
+    (`check_writable`), and again just before the rename."""
     path = Path(path)
+    check_writable(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -49,6 +78,7 @@ def atomic_open(path: str | Path):
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
+        check_writable(path, what)  # nothing else appeared there meanwhile
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -12,7 +12,9 @@ the event loop (`Intake.admit`):
    thread (400 naming the field), so the request waits outside the batch while it compiles;
 7. the plugins' `check_request` (a request that could never run: 400).
 
-The quota and the queue's own limits (429) are the caller's (`metroline.core.serving.app`).
+A batch of more prompts than `max_waiting` is refused (413) before any is tokenized: it could never
+be queued whole. The quota and the queue's own limits (429) are the caller's
+(`metroline.core.serving.app`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request as HTTPRequest
 
+from ..errors import PluginError
 from ..requests.request import STRUCTURED_OUTPUT_PLUGIN, Request, SamplingParams
 from ..requests.sequence import Sequence
 from ..step.engine import Engine
 from . import protocol as p
-from .reading import Refused, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, check_batch, off_loop, parse_body, read_body, unauthorized
 from .schema_limits import schema_problem
 from .tenants import ServeConfig, Tenants
 
@@ -84,7 +87,7 @@ class Intake:
 
     async def admit(self, http: HTTPRequest, chat: bool) -> tuple[str, Any, list[Request]]:
         """(tenant, body, engine requests: one per prompt) of an HTTP request, or `Refused`."""
-        tenant = self.tenants.identify(http.headers.get("authorization"))
+        tenant = self.tenants.identify(authorization(http))
         if tenant is None:
             raise unauthorized()
         try:
@@ -105,6 +108,7 @@ class Intake:
         if body.structured is not None and self.sim:
             raise Refused(400, "response_format: a structured output needs a model's logits: the simulated "
                           "executor has none", param="response_format")
+        check_batch(body, chat, self.serve.max_waiting)
         priority, problem = self.tenants.priority(tenant, body.priority)
         if problem:
             raise Refused(429, problem, "rate_limit_error", "priority", reason="priority")
@@ -119,7 +123,11 @@ class Intake:
             # rather than a failure once queued (Engine.add_request asks the same question)
             for request in requests:
                 seq = Sequence.from_request(request, request.arrival_time or 0.0, 0)
-                reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, seq)
+                try:
+                    reason = self.engine.plugins.refusal(self.engine.scheduler.ctx, seq)
+                except PluginError as exc:  # this request's alone (check_request is asked for it)
+                    raise Refused(500, f"the engine failed this request: PluginError: {exc}", "server_error",
+                                  reason="plugin_error") from None
                 if reason is not None:
                     raise Refused(400, f"this request can never run: {reason}", reason="refused")
         return requests

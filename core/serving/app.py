@@ -25,6 +25,7 @@ from ..step.async_engine import AsyncEngine, Rejected, RequestStream
 from ..step.engine import Engine
 from . import protocol as p
 from .admission import Intake
+from .disconnect import ClientGone, until_disconnect
 from .metrics import ServerMetrics
 from .reading import Refused, off_loop, unauthorized
 from .sse import EventStream, final_texts, hold_for
@@ -62,6 +63,7 @@ class Server:
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
             stall_timeout=serve.stall_timeout, after_step=self._after_step, on_end=self._ended,
+            on_plugin_error=lambda exc: self.metrics.plugin_errors.labels(exc.plugin, exc.hook).inc(),
         )
 
     def _after_step(self, engine: Engine, outputs: list[Any]) -> None:
@@ -75,7 +77,11 @@ class Server:
         tenant's quota: its body, its (first) engine request and its stream (a `StreamGroup` for a
         completion with several prompts, all submitted or none)."""
         tenant, body, requests = await self.intake.admit(http, chat)
-        self._reserve(tenant, requests)
+        try:
+            self._reserve(tenant, requests)
+        except Refused as refused:
+            refused.tenant = tenant  # counted as the tenant's (`metroline_rejections`)
+            raise
         group = asyncio.Event() if len(requests) > 1 else None
         streams: list[RequestStream] = []
         try:
@@ -87,7 +93,9 @@ class Server:
             for request in requests:
                 self._settle(request.request_id, 0)
             type_ = "rate_limit_error" if exc.status == 429 else "server_error"
-            raise Refused(exc.status, str(exc), type_, reason=exc.reason, retry_after=exc.retry_after) from None
+            refused = Refused(exc.status, str(exc), type_, reason=exc.reason, retry_after=exc.retry_after)
+            refused.tenant = tenant
+            raise refused from None
         return body, requests[0], streams[0] if group is None else StreamGroup(streams)
 
     def _reserve(self, tenant: str, requests: list[Request]) -> None:
@@ -140,7 +148,9 @@ class Server:
             return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
                                self.loop.abort, marks, self.engine.executor.now, self._writer)
         try:
-            await stream.result()
+            await until_disconnect(http, stream.result())
+        except ClientGone:  # nobody to answer: its requests are cancelled, their blocks freed
+            return Response(status_code=499)
         finally:
             if not stream.finished:
                 for rid in stream.request_ids:

@@ -7,23 +7,36 @@ and `stop_token_ids`; they reach the plugins on the request's `Sequence` (`deadl
 OpenAI's own `metadata` (string keys and values, numbers and booleans too: `Sequence.metadata`),
 the place for any field a plugin of one's own reads.
 
-Every field is checked here, so a malformed body answers 400 naming the field: a chat message's
+Every field is checked here, so a malformed body answers 400 naming the field; the numbers that
+reach plugins are bounded (`priority`, `expected_output_tokens` and the other integers within 32
+bits, `seed` within a generator's 64, `deadline_s` finite and at most `MAX_DEADLINE_S`): a chat message's
 content parts must be `{"type": "text", "text": str}`; `stop` holds at most `MAX_STOP` strings of
 at most `MAX_STOP_CHARS` characters each (each stop string is searched for after every token).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ..requests.request import METADATA_MAX_KEYS, MetadataKey, MetadataValue, StructuredOutput
+from ..requests.request import (
+    INT32_MAX,
+    INT32_MIN,
+    METADATA_MAX_KEYS,
+    SEED_MAX,
+    SEED_MIN,
+    MetadataKey,
+    MetadataValue,
+    StructuredOutput,
+)
 
 MAX_STOP = 16
 """The most stop strings a request may give (OpenAI allows 4)."""
 MAX_STOP_CHARS = 256
 """The longest stop string, in characters."""
+MAX_DEADLINE_S = 365 * 24 * 3600.0
+"""The longest `deadline_s`, a year in seconds."""
 
 UNSUPPORTED = ("echo", "suffix", "logit_bias", "best_of", "tools", "functions")
 """OpenAI fields this server does not implement: a request that asks for one (a value other than
@@ -80,26 +93,26 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    min_tokens: int = Field(default=0, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    n: int = Field(default=1, ge=1)
-    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=INT32_MAX)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = Field(default_factory=list, max_length=1024)
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(default_factory=list, max_length=1024)
     ignore_eos: bool = False
-    priority: int | None = None
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    expected_output_tokens: int | None = Field(default=None, ge=0)
+    priority: int | None = Field(default=None, ge=INT32_MIN, le=INT32_MAX)
+    deadline_s: float | None = Field(default=None, gt=0.0, le=MAX_DEADLINE_S, allow_inf_nan=False)
+    expected_output_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=METADATA_MAX_KEYS)
 
     echo: Any = None

@@ -35,12 +35,13 @@ from ..cluster.router import Router
 from ..cluster.view import Refuse, RouteRequest
 from ..errors import PluginError
 from . import protocol as p
+from .disconnect import ClientGone, until_disconnect
 from .front_canary import FrontCanary
 from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
 from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
-from .reading import Refused, off_loop, parse_body, read_body, unauthorized
+from .reading import Refused, authorization, check_batch, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
 
@@ -56,29 +57,6 @@ ROUTE_CHARS = 65536
 
 def error(status: int, message: str, type_: str = "server_error", param: str | None = None) -> JSONResponse:
     return JSONResponse(p.error_body(message, type_, param), status_code=status)
-
-
-class _Gone(Exception):
-    """The client hung up."""
-
-
-async def until_disconnect(http: HTTPRequest, work: Any) -> Any:
-    """`await work`, cancelled (and `_Gone` raised) if the client hangs up meanwhile."""
-    async def gone() -> None:
-        while (await http.receive())["type"] != "http.disconnect":
-            pass
-
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise _Gone
-    return task.result()
 
 
 class Front:
@@ -171,12 +149,16 @@ class Front:
         started = time.monotonic()
         if self.closing:
             return error(503, "the server is shutting down")
-        tenant = self.tenants.identify(http.headers.get("authorization"))
+        try:
+            tenant = self.tenants.identify(authorization(http))
+        except Refused as refused:
+            return refused.response(http)
         if tenant is None:
             return unauthorized().response(http)
         try:
             raw = await read_body(http, self.serve.max_body_bytes)
             body = await off_loop(parse_body, raw, chat, size=len(raw))
+            check_batch(body, chat, self.serve.max_waiting)  # the replicas would refuse it: so does the front
         except Refused as refused:
             return refused.response(http)
         request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))
@@ -186,7 +168,7 @@ class Front:
         try:
             got = await until_disconnect(http, self.proxy.dispatch(
                 self._chooser(request, arms), request, tokens, path, raw, headers))
-        except _Gone:
+        except ClientGone:
             return Response(status_code=499)
         except Failed as exc:
             answer = error(exc.status, str(exc))
@@ -203,7 +185,7 @@ class Front:
                                      status_code=200, headers=out_headers)
         try:
             content = await until_disconnect(http, upstream.read())
-        except _Gone:
+        except ClientGone:
             return Response(status_code=499)
         except TRANSPORT_ERRORS as exc:
             self.metrics.failed.labels(view.name, view.pool).inc()

@@ -60,6 +60,10 @@ class ServerMetrics:
         self.pauses = Counter("metroline_stream_pauses", "Times a request was paused for a client that stopped reading",
                               registry=r)
         self._pauses_seen = 0
+        self.plugin_errors = Counter(
+            "metroline_plugin_errors", "Errors plugins raised or answered (each failed its request, or the step's)",
+            ["plugin", "hook"], registry=r,
+        )
         self.rejections = Counter(
             "metroline_rejections", "Requests refused before reaching the engine", ["tenant", "reason"], registry=r,
         )

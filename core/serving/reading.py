@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -62,6 +64,17 @@ def _unread(http: HTTPRequest) -> int:
         "transfer-encoding", "") else 0
 
 
+def authorization(http: HTTPRequest) -> str | None:
+    """The request's one `Authorization` header (None without one); `Refused` (400) when it has
+    several: which one names the tenant would be a guess (a front and its replica could guess
+    differently, routing as one tenant and billing another)."""
+    values = http.headers.getlist("authorization")
+    if len(values) > 1:
+        raise Refused(400, f"the request has {len(values)} Authorization headers; send one",
+                      param="Authorization", code="duplicate_header", reason="auth")
+    return values[0] if values else None
+
+
 def unauthorized() -> Refused:
     return Refused(401, "missing or unknown API key (Authorization: Bearer KEY)", code="invalid_api_key",
                    reason="auth")
@@ -70,6 +83,18 @@ def unauthorized() -> Refused:
 def too_large(size: int | str, limit: int) -> Refused:
     return Refused(413, f"the body is {size} bytes, above this server's limit of {limit} bytes (max_body_bytes)",
                    code="body_too_large", reason="too_large")
+
+
+def check_batch(body: Any, chat: bool, max_waiting: int) -> None:
+    """Refuse (413) a completion whose batch has more prompts than `max_waiting`: it could never be
+    queued whole, so it is refused as too large rather than told to come back (429)."""
+    if chat:
+        return
+    count = len(p.prompts_of(body.prompt))
+    if count > max_waiting:
+        raise Refused(413, f"a batch of {count} prompts can never be queued whole: at most "
+                      f"max_waiting={max_waiting} requests wait at once", param="prompt", code="batch_too_large",
+                      reason="too_large")
 
 
 INLINE_BYTES = 32 * 1024
@@ -107,14 +132,80 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class _LongInteger:
+    """Stands for a JSON integer of more digits than Python converts (`sys.get_int_max_str_digits`),
+    so that the refusal can name the field it is in."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+"""A `\\uD800`-`\\uDFFF` escape: the only way a JSON body can carry a lone surrogate."""
+
+
 def parse_json(raw: bytes) -> Any:
-    """The body's JSON; `Refused` (400) when it is not JSON or is nested too deeply to parse."""
+    """The body's JSON; `Refused` (400) when it is not JSON, is nested too deeply to parse, holds an
+    integer of more digits than Python converts or a string with a lone UTF-16 surrogate (no
+    character: it cannot be encoded to UTF-8), the last two naming the field."""
+    long_ints: list[_LongInteger] = []
+
+    def parse_int(text: str) -> Any:
+        try:
+            return int(text)
+        except ValueError:  # past the int-str digit limit
+            long_ints.append(_LongInteger(len(text.lstrip("-"))))
+            return long_ints[-1]
+
     try:
-        return json.loads(raw)
+        data = json.loads(raw, parse_int=parse_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise Refused(400, f"the body is not JSON: {exc}") from None
     except RecursionError:
         raise Refused(400, "the body is nested too deeply") from None
+    if long_ints:
+        path, value = _find(data, lambda x: isinstance(x, _LongInteger))
+        raise Refused(400, f"{path or 'the body'}: an integer of {value.digits} digits is out of range (at most "
+                      f"{sys.get_int_max_str_digits()} digits are read, and every field's own bound is far below)",
+                      param=path or None)
+    if _SURROGATE_ESCAPE.search(raw):
+        found = _find(data, _lone_surrogate)
+        if found is not None:
+            path = found[0]
+            raise Refused(400, f"{path or 'the body'}: a string holds a lone UTF-16 surrogate (an unpaired "
+                          "\\uD800-\\uDFFF escape), which is no character", param=path or None)
+    return data
+
+
+def _lone_surrogate(x: Any) -> bool:
+    if not isinstance(x, str):
+        return False
+    try:
+        x.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _find(data: Any, bad: Callable[[Any], bool]) -> tuple[str, Any] | None:
+    """The dotted path (`messages.0.content`) and the value of the first item of `data` (keys
+    included) for which `bad` holds, walked without recursion; None when none does."""
+    def dotted(path: tuple) -> str:  # a key that is itself bad is shown escaped
+        return ".".join(str(p).encode("utf-8", "backslashreplace").decode("utf-8") for p in path)
+
+    stack: list[tuple[tuple, Any]] = [((), data)]
+    while stack:
+        path, x = stack.pop()
+        if bad(x):
+            return dotted(path), x
+        if isinstance(x, dict):
+            for k, v in reversed(list(x.items())):
+                if bad(k):
+                    return dotted((*path, k)), k
+                stack.append(((*path, k), v))
+        elif isinstance(x, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(x))))
+    return None
 
 
 def parse_body(raw: bytes, chat: bool) -> ChatCompletionBody | CompletionBody:

@@ -5,6 +5,7 @@ for any app)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any
 
@@ -13,6 +14,7 @@ import uvicorn
 from ..config import EngineConfig
 from ..step.engine import Engine
 from .app import build_app
+from .header_limits import uvicorn_http_settings
 from .tenants import ServeConfig
 from .tokens import ContentTokens
 
@@ -39,7 +41,7 @@ def _uvicorn_config(app: Any, serve: ServeConfig, port: int | None = None) -> uv
     return uvicorn.Config(
         app, host=serve.host, port=serve.port if port is None else port, log_level="warning",
         timeout_graceful_shutdown=2, lifespan="on", access_log=False, proxy_headers=False,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=KEEP_ALIVE_S, **uvicorn_http_settings(),  # a request's head bounded: 431
     )
 
 
@@ -59,13 +61,30 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None) -> None:
+def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None,
+          sockets: list[Any] | None = None) -> None:
     """Serve until SIGINT/SIGTERM: the server stops accepting, in-flight streams get `drain_s`
     seconds to finish, then the engine loop cancels the rest (each ends with an error event and
-    `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given."""
+    `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given.
+    `sockets`: already bound (`listening_socket`), else uvicorn binds `host:port`."""
     app = build_app(engine, serve_config, tokenizer)
     app.state.server.on_stop = on_stop
-    serve_app(app, serve_config)
+    serve_app(app, serve_config, sockets)
+
+
+def listening_socket(serve_config: ServeConfig) -> socket.socket:
+    """A socket bound to the config's `host:port` (port 0: a free port the system picks), so the
+    command can say where it listens before it serves (`sock.getsockname()[1]`)."""
+    family = socket.getaddrinfo(serve_config.host, serve_config.port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((serve_config.host, serve_config.port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 ```toml
 [serve]
-max_waiting = 256
+max_waiting = 256         # requests waiting for admission (default 1,024)
 [serve.tenants.alpha]
 api_keys = ["sk-alpha-1"]
 highest_priority = 1      # alpha may not ask for priority 0 (lower is more urgent)
@@ -50,6 +50,14 @@ class TenantConfig(BaseModel):
         return self
 
 
+DEFAULT_MAX_WAITING = 1024
+"""The requests (a batch's prompts each) that may wait for admission at once by default: four
+batches of the default `max_num_seqs` (256). A request at the back of a full queue waits for the
+~1,000 ahead of it, already minutes at a small model's pace (longer than the 30 s a client
+typically waits); past that a new request is refused at once (429, `Retry-After`) rather than
+queued for no one (an abandoned batch of 100,000 prompts once left 106,665 requests in flight)."""
+
+
 class ServeConfig(BaseModel):
     """The server's own options (the engine's are `EngineConfig`).
 
@@ -61,6 +69,9 @@ class ServeConfig(BaseModel):
     `Content-Length`, else as it arrives); 16 MiB by default. `max_prompt_chars`: a text prompt
     longer than this is refused (400) before it is tokenized; None: `max_model_len` times the
     longest token of the vocabulary in characters (no prompt past it can fit the context).
+    `max_waiting`: at most this many requests wait for admission (`DEFAULT_MAX_WAITING`, 1,024);
+    past it a request is refused (429, `Retry-After: 1`), and a batch with more prompts than this,
+    which could never be queued whole, is refused as too large (413).
     `health_timeout_s`, `down_after_s` (a front): each replica's state is polled with that timeout;
     a replica that has not answered for `down_after_s` seconds is marked down (a frozen process).
     `buffer_tokens`, `stall_timeout`: backpressure. A streamed request whose client has not taken
@@ -74,7 +85,7 @@ class ServeConfig(BaseModel):
     model: str = "sim"
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    max_waiting: int | None = Field(default=None, ge=1)
+    max_waiting: int = Field(default=DEFAULT_MAX_WAITING, ge=1)
     ramp_s: float = Field(default=0.0, ge=0.0)
     buffer_tokens: int = Field(default=1024, ge=1)
     stall_timeout: float = Field(default=30.0, gt=0.0)

@@ -23,10 +23,12 @@ import asyncio
 import contextlib
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import PluginError
 from ..requests.request import Request
 from ..requests.sequence import FinishReason
 from ..serving.backpressure import Backpressure
@@ -50,6 +52,8 @@ class AsyncEngine:
       paused; paused for `stall_timeout` seconds, it is cancelled.
     - `after_step(engine, outputs)`: called on the event loop after every step (metrics).
     - `on_end(stream)`: called on the event loop when a request has ended (a quota's refund).
+    - `on_plugin_error(error)`: called on the event loop for each `PluginError` a step raised
+      (metrics); the requests it failed end with it, the others are served on.
     - `idle_poll`: seconds to wait after a step that scheduled nothing while requests wait and no
       plugin asked to be woken up at a given time.
     """
@@ -65,6 +69,7 @@ class AsyncEngine:
         after_step: Callable[[Engine, list[RequestOutput]], None] | None = None,
         idle_poll: float = 0.005,
         on_end: Callable[[RequestStream], None] | None = None,
+        on_plugin_error: Callable[[PluginError], None] | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
@@ -72,6 +77,8 @@ class AsyncEngine:
         self.buffer_tokens = buffer_tokens
         self.stall_timeout = stall_timeout
         self.after_step, self.on_end, self.idle_poll = after_step, on_end, idle_poll
+        self.on_plugin_error = on_plugin_error
+        self.plugin_errors = 0
         self.streams: dict[str, RequestStream] = {}
         self.steps = self.failed_steps = self.pauses = 0
         self.backpressure = Backpressure()
@@ -243,10 +250,28 @@ class AsyncEngine:
         for stream in wake[firsts:]:
             stream._event.set()
 
+    def _plugin_failed(self, exc: PluginError) -> list[RequestOutput]:
+        """A step raised a plugin's error: the engine has failed the requests it concerns (one
+        request, for an error of that request's own; else those the step left in doubt) and
+        serves the others on. Their ends are in the error's outputs; it is logged, with the
+        requests it failed, to stderr."""
+        self.failed_steps += 1
+        self.plugin_errors += 1
+        outputs = exc.outputs if exc.outputs is not None else []
+        failed = sorted({o.request_id for o in outputs if o.finished and o.seq.finish_reason is FinishReason.FAILED})
+        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        print(f"metroline: {exc} (failed {len(failed)} request{'s' * (len(failed) != 1)}"
+              f"{': ' + shown if failed else ''})", file=sys.stderr, flush=True)
+        if self.on_plugin_error is not None:
+            self.on_plugin_error(exc)
+        return outputs
+
     def _fail_all(self, exc: BaseException) -> None:
-        """A step raised (a plugin's bad answer): its requests cannot go on; the server does."""
+        """A step raised an error that is no plugin's (the engine's own state is in doubt): every
+        request in flight fails; the server goes on."""
         error = f"{type(exc).__name__}: {exc}"
         self.failed_steps += 1
+        print(f"metroline: a step failed every request in flight: {error}", file=sys.stderr, flush=True)
         for rid, stream in list(self.streams.items()):
             with contextlib.suppress(Exception):  # the loop must outlive a broken request
                 self.engine.abort(rid)
@@ -279,6 +304,8 @@ class AsyncEngine:
                 continue
             try:
                 outputs = await self._step()
+            except PluginError as exc:
+                outputs = self._plugin_failed(exc)
             except Exception as exc:
                 self._fail_all(exc)
                 continue
@@ -297,4 +324,5 @@ class AsyncEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
+                "plugin_errors": self.plugin_errors,
                 "paused": len(self.backpressure.paused), "pauses": self.pauses}

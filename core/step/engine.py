@@ -163,15 +163,36 @@ class Engine:
         executor's forward; the sampled tokens appended and checked for stops; the reap of the
         requests that ended. See `_step` for the phases and the observers each calls.
 
-        A `PluginError` ends the step's requests as failed (their blocks freed) before it is
-        raised, so the engine may be stepped again (see `metroline.core.step.recovery`)."""
+        A `PluginError` of one request (`PluginError.request_id`: a hook called for it alone, or
+        its own row of a `sample` answer) fails that request only; the step goes on for the others
+        and the error is raised once the step is done. Any other `PluginError` interrupts the step:
+        the requests it may have left in doubt end as failed (their blocks freed) before it is
+        raised (see `metroline.core.step.recovery`). Either way the engine may be stepped again,
+        and the raised error carries the step's outputs (`PluginError.outputs`), the failed
+        requests' ends included."""
         outputs: list[RequestOutput] = []
-        self._step(outputs)
+        try:
+            self._step(outputs)
+        except PluginError as exc:
+            exc.outputs = outputs
+            raise
+        self._raise_request_errors(outputs)
         return outputs
 
     def advance(self) -> None:
         """Run one step as `step()` does, without making its outputs (a replay reads the metrics)."""
         self._step(None)
+        self._raise_request_errors(None)
+
+    def _raise_request_errors(self, outputs: list[RequestOutput] | None) -> None:
+        """Raise the first error of one request the step met (the step is done: each failed only
+        its request), with the step's outputs; the others are on their requests (`seq.error`)."""
+        errors = self.scheduler.request_errors
+        if errors:
+            first = errors[0]
+            errors.clear()
+            first.outputs = outputs
+            raise first
 
     def _step(self, outputs: list[RequestOutput] | None) -> None:
         """One step, phase by phase (observers in parentheses)."""
@@ -181,14 +202,16 @@ class Engine:
         now = self.executor.now()
         if self.intake.pending:
             self.intake.release(now)  # submitted requests whose arrival time came join the waiting queue
-        plan = self._schedule(now)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
+        plan = self._schedule(now, outputs)  # split, serve running, admit (on_arrival, on_preempted, on_admitted)
         self.last_plan_empty = plan.is_empty
         self.last_step_progressed = False
         if self.last_plan_empty:
-            self._end_step(plan, now)  # (on_step_end: an empty step ends too)
+            self._end_step(plan, now, outputs)  # (on_step_end: an empty step ends too)
+            self._reap_failed(outputs)
             return
         result = self._execute(plan, now, outputs)  # execute: the forward, or failed requests
         if result is None:
+            self.scheduler.failed_requests = []  # reaped with the step's: their ends are out
             return
         self.last_step_progressed = self.scheduler.progresses(plan)
         self.scheduler.commit(plan)  # commit: the scheduled sequences advance
@@ -196,20 +219,41 @@ class Engine:
             self._sample(plan, result.logits, result.time, outputs, result)  # sample, append, stop (on_tokens)
         except PluginError as exc:
             self._record_step(plan, result.time, now)
-            reaper.fail(exc, recovery.of_plan(plan), result.time)
+            self._fail_step(exc, recovery.of_plan(plan), result.time, outputs)
             raise
         self._record_step(plan, result.time, now)
-        self._end_step(plan, result.time)  # (on_step_end)
+        self._end_step(plan, result.time, outputs)  # (on_step_end)
         if self.scheduler.ended:
             reaper.reap()  # reap: the requests that ended leave, their blocks freed (on_finished)
+        self._reap_failed(outputs)
 
-    def _schedule(self, now: float) -> StepPlan:
+    def _reap_failed(self, outputs: list[RequestOutput] | None) -> None:
+        """The ends of the requests an error of their own failed in this step (reaped now when the
+        step did not reap: an empty one)."""
+        failed = self.scheduler.failed_requests
+        if failed:
+            self.scheduler.failed_requests = []
+            if self.scheduler.ended:
+                self._reaper.reap()
+            output_ended(all_sequences(failed), outputs)
+
+    def _fail_step(self, exc: PluginError, seqs: list[Sequence], now: float,
+                   outputs: list[RequestOutput] | None) -> None:
+        """A `PluginError` interrupted the step: fail `seqs`, the requests it may have left in doubt
+        (`metroline.core.step.recovery`), and output their ends with those of the requests errors
+        of their own failed earlier in the step."""
+        scheduler = self.scheduler
+        failed = all_sequences(scheduler.failed_requests)
+        scheduler.failed_requests, scheduler.request_errors = [], []
+        output_ended(failed + self._reaper.fail(exc, seqs, now), outputs)
+
+    def _schedule(self, now: float, outputs: list[RequestOutput] | None) -> StepPlan:
         """The scheduler's plan; a `PluginError` fails the requests it may have left in doubt."""
         arrived = self.intake.take_arrived()
         try:
             return self.scheduler.schedule(now)
         except PluginError as exc:
-            self._reaper.fail(exc, recovery.in_flight(self.intake.live(), arrived), now)
+            self._fail_step(exc, recovery.in_flight(self.intake.live(), arrived), now, outputs)
             raise
 
     def _execute(self, plan: StepPlan, now: float, outputs: list[RequestOutput] | None) -> StepResult | None:
@@ -225,13 +269,13 @@ class Engine:
             output_ended(self._reaper.reap(), outputs)
             return None
 
-    def _end_step(self, plan: StepPlan, now: float) -> None:
+    def _end_step(self, plan: StepPlan, now: float, outputs: list[RequestOutput] | None) -> None:
         hook = self.plugins.hook.on_step_end
         if hook.get_hookimpls():
             try:
                 hook(ctx=self.scheduler.ctx, plan=plan)
             except PluginError as exc:
-                self._reaper.fail(exc, recovery.of_plan(plan), now)
+                self._fail_step(exc, recovery.of_plan(plan), now, outputs)
                 raise
 
     def _record_step(self, plan: Any, time: float, start: float) -> None:

@@ -50,10 +50,12 @@ class Reaper:
         if not self.retain_finished:
             self._intake.forget(ended)
 
-    def fail(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> None:
-        """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now."""
-        recovery.fail(self._scheduler, seqs, now, f"PluginError: {error}")
+    def fail(self, error: PluginError, seqs: Iterable[Sequence], now: float) -> list[Sequence]:
+        """Fail `seqs` (the requests a `PluginError` interrupted) and free their blocks now;
+        returns those it failed (not ended before)."""
+        failed = recovery.fail(self._scheduler, seqs, now, f"PluginError: {error}")
         self.reap()
+        return failed
 
     def cancel(self, seqs: list[Sequence], now: float) -> None:
         """End `seqs` (a request's sequences, arrived) as cancelled and reap them now; the next

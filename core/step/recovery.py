@@ -47,13 +47,16 @@ def ending(scheduler) -> list[Sequence]:
     return list(scheduler.ended)
 
 
-def fail(scheduler, seqs: Iterable[Sequence], now: float, error: str) -> None:
-    """End `seqs` as failed. Blocks held outside the queue that owns them (an admission or a swap
-    in cut short) are given back here; the others at the next reap."""
+def fail(scheduler, seqs: Iterable[Sequence], now: float, error: str) -> list[Sequence]:
+    """End `seqs` as failed; returns those it ended (the others had ended before). Blocks held
+    outside the queue that owns them (an admission or a swap in cut short) are given back here;
+    the others at the next reap."""
     pool, running, swapped = scheduler.pool, scheduler.running, scheduler.swapped
+    failed = []
     for seq in seqs:
         if seq.state is FINISHED:
             continue
+        failed.append(seq)
         if seq.block_table and seq not in running:
             pool.release(seq.block_table)
             seq.block_table = []
@@ -62,3 +65,4 @@ def fail(scheduler, seqs: Iterable[Sequence], now: float, error: str) -> None:
             scheduler.swap.free(seq.host_table)
             seq.host_table = []
         scheduler.finish(seq, FinishReason.FAILED, now, error)
+    return failed

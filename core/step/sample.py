@@ -7,7 +7,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from ..plugins.answers import tokens_problem
+from ..plugins.answers import token_problem, tokens_problem
 from ..requests.logit_masks import LogitMasks
 from ..requests.logprobs import record_logprobs
 from ..requests.sequence import FinishReason, Sequence
@@ -77,6 +77,9 @@ class SamplePhase:
         finally:
             ctx._failures = ctx._masks = None
         problem = tokens_problem(tokens, len(seqs), self.vocab_size)
+        if problem is not None and isinstance(tokens, list) and len(tokens) == len(seqs):
+            tokens = self._fail_bad_rows(seqs, tokens)  # each bad token is its own request's error
+            problem = None
         if problem is None and masks:
             logits = masks.apply(logits)
             problem = masks.violation(tokens, logits, {s for s, _ in failures})
@@ -88,6 +91,20 @@ class SamplePhase:
             seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self.appender.append(seqs, tokens, now, outputs)
         return seqs
+
+    def _fail_bad_rows(self, seqs: list[Sequence], tokens: list[Any]) -> list[int]:
+        """`tokens` of the right length with rows that are not token ids: each such row's sequence
+        is failed (as `ctx.fail` does) with a `PluginError` of its request (raised by the engine
+        once the step is done); returns the tokens with those rows set to 0 (dropped later)."""
+        kept = list(tokens)
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+            problem = token_problem(token, self.vocab_size)
+            if problem is not None:
+                error = self.plugins.invalid("sample", problem).for_request(seq.request_id)
+                self.failures.append((seq, f"PluginError: {error}"))
+                self.scheduler.request_errors.append(error)
+                kept[i] = 0
+        return kept
 
     def _fail_sampled(
         self, seqs: list[Sequence], tokens: list[int], now: float, outputs: list[RequestOutput] | None

@@ -23,6 +23,7 @@ from __future__ import annotations
 from ...kv_backends.block_pool import BlockPool
 from ...kv_backends.swap_space import SwapSpace
 from ..config import EngineConfig
+from ..errors import PluginError
 from ..plugins.manager import PluginManager
 from ..requests.sequence import FINISHED, FinishReason, Sequence
 from .admission import Admission
@@ -59,6 +60,10 @@ class Scheduler:
         self.rescue = Rescue(config, ctx, queues, self.room, self.admission)
         self.ended: list[Sequence] = []
         """Sequences `finish` ended whose blocks the next `reap()` frees."""
+        self.failed_requests: list[Sequence] = []
+        """The sequences `fail_request` ended in the step under way (the engine outputs their end)."""
+        self.request_errors: list[PluginError] = []
+        """The errors of one request each met in the step under way (`fail_request`)."""
         self._arrived: list[Sequence] = []
         self._budget = config.max_num_batched_tokens
         self._forking = False  # a request with n > 1 arrived: look for parents to fork
@@ -93,6 +98,16 @@ class Scheduler:
         seq.finish_time = now
         seq.error = error
         self.ended.append(seq)
+
+    def fail_request(self, seq: Sequence, error: PluginError, now: float) -> None:
+        """End `seq`'s request as failed by `error`, an error of that request alone (raised by a
+        hook called for it only, before anything of the step was decided: its arrival); the step
+        goes on for the others. Its blocks are released by the next `reap()`; the engine raises
+        `error` once the step is done (`request_errors`)."""
+        for s in (seq, *seq.children):
+            self.finish(s, FinishReason.FAILED, now, f"PluginError: {error}")
+        self.failed_requests.append(seq)
+        self.request_errors.append(error)
 
     def reap(self) -> list[Sequence]:
         """Take ended sequences out of the queues and release their blocks: the one place where a
@@ -159,7 +174,13 @@ class Scheduler:
         ctx.step += 1
         if self._arrived:
             arrived, self._arrived = self._arrived, []
-            self.plugins.hook.on_arrival(ctx=ctx, seqs=arrived)
+            on_arrival = self.plugins.hook.on_arrival
+            if on_arrival.get_hookimpls():
+                for seq in arrived:  # one request at a time: an error is that request's alone
+                    try:
+                        on_arrival(ctx=ctx, seqs=[seq])
+                    except PluginError as exc:
+                        self.fail_request(seq, exc.for_request(seq.request_id), now)
         self.prefix.new_step()  # last step's registrations: their KV is written now
         plan = StepPlan(ctx.step, self.pool.block_size)
         return StepState(plan, ctx, self.prefix if self.config.enable_prefix_caching else None)

@@ -240,14 +240,19 @@ def output_record(seq: Sequence) -> dict[str, Any]:
 
 
 class OutputsWriter:
-    """An observer plugin that writes `output_record(seq)` as a JSON line to `path` for every
-    sequence as it finishes (so in finishing order). Call `close()` at the end."""
+    """An observer plugin that writes `output_record(seq)` as a JSON line for every sequence as it
+    finishes (so in finishing order), into a temporary file beside `path` that replaces `path`
+    once the run ends (`close()`): a previous file stays whole until then, and a run that fails
+    leaves it as it was (`abandon()`). Only a regular file (or nothing) at `path` is replaced."""
 
     name = "outputs"
 
     def __init__(self, path: str | Path) -> None:
+        from ..results.files import atomic_open
+
         self.path = Path(path)
-        self._file = open(self.path, "w", encoding="utf-8")
+        self._writing = atomic_open(self.path, "--outputs")
+        self._file = self._writing.__enter__()
         self.count = 0
 
     @hookimpl
@@ -258,4 +263,9 @@ class OutputsWriter:
         self.count += len(seqs)
 
     def close(self) -> None:
-        self._file.close()
+        """The lines written replace `path`."""
+        self._writing.__exit__(None, None, None)
+
+    def abandon(self, exc: BaseException) -> None:
+        """The run failed: `path` is left as it was."""
+        self._writing.__exit__(type(exc), exc, exc.__traceback__)
