@@ -10,9 +10,9 @@ name (`paged_mask`). metroline's attention applies causality and keeps the packe
 itself, so the mask function hands the model no tensor: it evaluates the mask function the model
 asked for on every (query, key) pair within each sequence of the step and returns None when that
 is plain causal attention, a `WindowMask` when it is a sliding window (honoured by the attention
-exactly as the `sliding_window` argument is), and refuses anything else (chunks, bidirectional
-spans, custom overlays: `UnsupportedAttention`). A window that lives only in the mask (qwen2_moe,
-phimoe) is thus applied, never dropped.
+exactly as the `sliding_window` argument is), and a `RefusedMask` for anything else (chunks,
+bidirectional spans, custom overlays), which a layer given it refuses (`UnsupportedAttention`). A
+window that lives only in the mask (qwen2_moe, phimoe) is thus applied, never dropped.
 
 The step's metadata (`StepMeta`) is installed by the executor around the forward (`active_step`).
 On CUDA the Triton kernels of `triton_attention` serve when that module imports; elsewhere the torch
@@ -154,6 +154,8 @@ def paged_attention_forward(
             raise UnsupportedAttention(f"passes sliding_window={window} but its mask has a window of "
                                        f"{attention_mask.window}")
         window = attention_mask.window
+    elif isinstance(attention_mask, RefusedMask):
+        raise UnsupportedAttention(attention_mask.cause)
     elif attention_mask is not None:
         raise UnsupportedAttention("builds its own attention mask instead of going through transformers' "
                                    "mask interface, which metroline's paged attention would ignore")
@@ -206,17 +208,29 @@ class WindowMask:
         return f"WindowMask({self.window})"
 
 
+class RefusedMask:
+    """What `paged_mask` hands a model for a mask metroline's attention does not implement: the
+    attention of a layer that receives it refuses, with `cause` (a model may build masks that no
+    layer uses, as qwen2_moe's sliding mask with its window off)."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+
+
 def paged_mask(
     batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
     mask_function: Any = None, attention_mask: torch.Tensor | None = None, local_size: int | None = None,
     **kwargs: Any,
-) -> WindowMask | None:
+) -> WindowMask | RefusedMask | None:
     """transformers' mask interface: the mask the model asks for (`mask_function` over the packed
     step), as the attention will apply it. Evaluates `mask_function` on every (query, key) pair of
     each sequence's rows in the step and returns None when that is causal attention, a `WindowMask`
     when it is causal within `local_size` (the window transformers' sliding-window masks pass);
-    anything else is refused (`UnsupportedAttention`). A step whose sequences are all shorter than
-    the window cannot tell the two apart: the window is the one the model asked for."""
+    anything else a `RefusedMask`, which the attention of a layer given it refuses. A step whose
+    sequences are all shorter than the window cannot tell the two apart: the window is the one the
+    model asked for."""
     meta = _current
     if meta is None:
         raise RuntimeError("metroline_paged mask built outside a metroline step")
@@ -232,8 +246,7 @@ def paged_mask(
     try:
         visible = mask_function(zero, zero, q, kv)
     except Exception as e:  # noqa: BLE001 - a mask function that is not index-based is refused
-        raise UnsupportedAttention(f"builds an attention mask metroline cannot evaluate pair by pair "
-                                   f"({type(e).__name__})") from None
+        return RefusedMask(f"builds an attention mask metroline cannot evaluate pair by pair ({type(e).__name__})")
     visible = torch.as_tensor(visible, device=q.device).expand(q.shape)
     distance = q - kv
     causal = distance >= 0
@@ -241,9 +254,9 @@ def paged_mask(
         return WindowMask(int(local_size))
     if bool((visible == causal).all()):
         return None
-    raise UnsupportedAttention("puts structure other than causal attention or a sliding window into its "
-                               "attention mask (chunks, bidirectional spans or a custom overlay), which "
-                               "metroline's paged attention does not implement")
+    return RefusedMask("puts structure other than causal attention or a sliding window into its attention mask "
+                       "(chunks, bidirectional spans or a custom overlay), which metroline's paged attention does "
+                       "not implement")
 
 
 def _pairs_within_sequences(query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
