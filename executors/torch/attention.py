@@ -8,7 +8,7 @@ reads, so a sequence may read blocks that another sequence of the same step writ
 Masks: transformers builds a model's masks through the mask function registered under the same
 name (`paged_mask`). metroline's attention applies causality and keeps the packed sequences apart
 itself, so the mask function hands the model no tensor: it evaluates the mask function the model
-asked for on every (query, key) pair within each sequence of the step and returns None when that
+asked for on (query, key) pairs within each sequence of the step and returns None when that
 is plain causal attention, a `WindowMask` when it is a sliding window (honoured by the attention
 exactly as the `sliding_window` argument is), and a `RefusedMask` for anything else (chunks,
 bidirectional spans, custom overlays), which a layer given it refuses (`UnsupportedAttention`). A
@@ -225,8 +225,8 @@ def paged_mask(
     **kwargs: Any,
 ) -> WindowMask | RefusedMask | None:
     """transformers' mask interface: the mask the model asks for (`mask_function` over the packed
-    step), as the attention will apply it. Evaluates `mask_function` on every (query, key) pair of
-    each sequence's rows in the step and returns None when that is causal attention, a `WindowMask`
+    step), as the attention will apply it. Evaluates `mask_function` on (query, key) pairs of each
+    sequence's rows in the step (`_pairs_within_sequences`) and returns None when that is causal attention, a `WindowMask`
     when it is causal within `local_size` (the window transformers' sliding-window masks pass);
     anything else a `RefusedMask`, which the attention of a layer given it refuses. A step whose
     sequences are all shorter than the window cannot tell the two apart: the window is the one the
@@ -241,7 +241,7 @@ def paged_mask(
                                    f"(offsets {q_offset}, {kv_offset}) where metroline packs one batch row")
     if mask_function is None:
         return None
-    q, kv = _pairs_within_sequences(meta.query_start_loc)
+    q, kv = _pairs_within_sequences(meta.query_start_loc, local_size)
     zero = torch.zeros_like(q)
     try:
         visible = mask_function(zero, zero, q, kv)
@@ -259,19 +259,30 @@ def paged_mask(
                        "not implement")
 
 
-def _pairs_within_sequences(query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every (query row, key row) pair of the step with both rows in one sequence's segment, as two
-    flat int64 tensors (the segments' squares, one after the other)."""
+NEAR = 64
+"""`paged_mask` reads every pair of rows of a sequence at most this far apart (and one apart the
+wrong way), the pairs at a window's edge, and the whole row of each sequence's last query."""
+
+
+def _pairs_within_sequences(query_start_loc: torch.Tensor, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query row, key row) pairs of the step, both rows in one sequence's segment, as two flat
+    int64 tensors: every row with the keys at distances -1..`NEAR` and at `window` - 1, `window`,
+    `window` + 1 (what tells causal attention, a window and anything else apart in a row), and
+    the last row of each segment with every key of its segment (long-range structure: chunks,
+    global tokens). Linear in the step's rows, not quadratic."""
     starts = query_start_loc.to(torch.int64)
     lens = starts[1:] - starts[:-1]
-    rows = torch.arange(int(starts[-1]), device=starts.device)
-    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=starts.device), lens)
-    q = torch.repeat_interleave(rows, lens[seg])  # each row once per key of its segment
-    # the key of each pair: its segment's start plus the pair's place among the row's keys
-    first_pair = torch.cumsum(lens[seg], 0) - lens[seg]
-    within = torch.arange(q.numel(), device=starts.device) - torch.repeat_interleave(first_pair, lens[seg])
-    kv = torch.repeat_interleave(starts[seg], lens[seg]) + within
-    return q, kv
+    device = starts.device
+    rows = torch.arange(int(starts[-1]), device=device)
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=device), lens)
+    near = list(range(-1, NEAR + 1)) + ([window - 1, window, window + 1] if window else [])
+    distance = torch.tensor(sorted(set(near)), device=device)
+    q = rows[:, None].expand(-1, distance.numel())
+    kv = q - distance[None, :]
+    inside = (kv >= starts[seg][:, None]) & (kv < starts[seg + 1][:, None])
+    last = (starts[1:] - 1)[lens > 0]
+    q_last = torch.repeat_interleave(last, lens[lens > 0])
+    return torch.cat([q[inside], q_last]), torch.cat([kv[inside], rows])
 
 
 def register() -> str:
