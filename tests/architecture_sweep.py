@@ -21,7 +21,11 @@ import warnings
 from typing import Any
 
 import torch
-from torch_helpers import engine, greedy_request
+from torch_helpers import Argmax, greedy_request
+
+from metroline.core.config import EngineConfig
+from metroline.core.step.engine import Engine
+from metroline.executors.torch import TorchExecutor
 
 VOCAB = 128
 WINDOW = 8
@@ -103,7 +107,7 @@ def check(model_type: str) -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - HF itself cannot generate with this tiny model
         return "not buildable", f"HF generate: {type(e).__name__}: {' '.join(str(e).split())[:120]}"
     try:
-        eng, _ = engine(model, **SETTINGS["plain"])
+        executor = TorchExecutor(model)  # one executor (one load probe) for every setting
     except UnsupportedModel as e:
         line = str(e)
         if "\n" in line or not line.startswith(f"{model_type}: ") and not line.startswith(
@@ -115,7 +119,7 @@ def check(model_type: str) -> tuple[str, str]:
     for name, setting in SETTINGS.items():
         batch, ref = (shared, refs["shared"]) if name == "prefix-cow" else (plain, refs["plain"])
         try:
-            eng, _ = engine(model, **setting)
+            eng = Engine(EngineConfig(**setting), executor, plugins=[Argmax()])
             if name == "prefix-cow":  # the first request computes the prefix before the others arrive
                 eng.add_request(greedy_request("0", batch[0], MAX_NEW))
                 eng.step()
@@ -129,13 +133,17 @@ def check(model_type: str) -> tuple[str, str]:
     return "exact", ""
 
 
-def sweep(types: list[str] | None = None) -> dict[str, tuple[str, str]]:
+def sweep(types: list[str] | None = None, show: Any = None) -> dict[str, tuple[str, str]]:
+    """`check` of each type (all causal-LM types by default); `show(type, outcome, detail)` is
+    called as each one ends."""
     torch.set_num_threads(1)
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for model_type in types or causal_lm_types():
             results[model_type] = check(model_type)
+            if show is not None:
+                show(model_type, *results[model_type])
     return results
 
 
@@ -144,9 +152,11 @@ if __name__ == "__main__":
 
     logging.disable(logging.WARNING)
     start = time.perf_counter()
-    table = sweep(sys.argv[1:] or None)
-    for model_type, (outcome, detail) in table.items():
-        print(f"{model_type:32} {outcome:14} {detail}")
+    args = sys.argv[1:]
+    if args[:1] == ["--part"]:  # --part I/N: every N-th type from the I-th (0-based)
+        i, n = map(int, args[1].split("/"))
+        args = causal_lm_types()[i::n]
+    table = sweep(args or None, lambda t, o, d: print(f"{t:32} {o:14} {d}", flush=True))
     counts: dict[str, int] = {}
     for outcome, _ in table.values():
         counts[outcome] = counts.get(outcome, 0) + 1

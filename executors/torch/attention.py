@@ -259,7 +259,7 @@ def paged_mask(
                        "not implement")
 
 
-NEAR = 64
+NEAR = 16
 """`paged_mask` reads every pair of rows of a sequence at most this far apart (and one apart the
 wrong way), the pairs at a window's edge, and the whole row of each sequence's last query."""
 
