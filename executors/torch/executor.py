@@ -59,12 +59,9 @@ class TorchExecutor:
         self.source = source
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        value = support.config_value
-        self.num_layers = value(cfg, "num_hidden_layers")
-        self.num_heads = value(cfg, "num_attention_heads")
-        self.num_kv_heads = value(cfg, "num_key_value_heads") or self.num_heads
-        self.head_dim = value(cfg, "head_dim") or value(cfg, "hidden_size") // self.num_heads
-        self.vocab_size = value(cfg, "vocab_size")
+        self.num_layers, self.num_kv_heads, self.head_dim = support.kv_shape(cfg)
+        self.num_heads = cfg.num_attention_heads
+        self.vocab_size = cfg.vocab_size
         # the model's context (sliding-window layers mask what they must not see: the window is no
         # limit), shorter only where a length-dependent rope would change its factors
         self.max_model_len, self.max_model_len_reason = support.context_limit(cfg)

@@ -70,6 +70,16 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
                              f"paged cache has one KV shape for all layers") from None
 
 
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """`(layers, KV heads, head dim)` of the paged cache for a model of `config` (refused in one line
+    where one of them is not a single value for the whole model: `config_value`)."""
+    layers = config_value(config, "num_hidden_layers")
+    heads = config_value(config, "num_attention_heads")
+    kv_heads = config_value(config, "num_key_value_heads") or heads
+    head_dim = config_value(config, "head_dim") or config_value(config, "hidden_size") // heads
+    return layers, kv_heads, head_dim
+
+
 def check_class(model_class: type, config: Any) -> None:
     """Refuse a model class whose attention does not go through transformers' AttentionInterface,
     before any weights are loaded."""
