@@ -153,9 +153,9 @@ if __name__ == "__main__":
     logging.disable(logging.WARNING)
     start = time.perf_counter()
     args = sys.argv[1:]
-    if args[:1] == ["--part"]:  # --part I/N: every N-th type from the I-th (0-based)
+    if args[:1] == ["--part"]:  # --part I/N [--reverse]: every N-th type from the I-th (0-based)
         i, n = map(int, args[1].split("/"))
-        args = causal_lm_types()[i::n]
+        args = causal_lm_types()[i::n][::-1 if "--reverse" in args else 1]
     table = sweep(args or None, lambda t, o, d: print(f"{t:32} {o:14} {d}", flush=True))
     counts: dict[str, int] = {}
     for outcome, _ in table.values():
