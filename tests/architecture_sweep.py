@@ -9,7 +9,10 @@ way is "not buildable" (the cause is kept). A built model goes to `TorchExecutor
 must be one `UnsupportedModel` line starting with the model type; any other exception is a crash.
 A loaded model generates `MAX_NEW` greedy tokens for each prompt under three settings (plain,
 chunked prefill of 5 tokens, a shared prefix with copy-on-write) and must give HF `generate`'s
-tokens, one prompt at a time. `python tests/architecture_sweep.py [TYPE ...]` prints the table.
+tokens, one prompt at a time. Where it does not, and HF `generate` itself differs from the model's
+plain forward (no cache) on those prompts, the type is "hf inconsistent" (moshi with a window: its
+cache keeps only the window while its mask is full causal), with what metroline gave.
+`python tests/architecture_sweep.py [TYPE ...]` prints the table.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ TINY = dict(
     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, tie_word_embeddings=False,
 )
 """Config values every tiny model gets (a config class ignores or stores the names it does not use)."""
+MAX_PARAMETERS = 20_000_000
+"""A model built from `TINY` with more parameters than this (its config ignores the tiny sizes) is
+not built: counted as not buildable."""
 
 SETTINGS = {
     "plain": dict(num_blocks=128, block_size=8, enable_prefix_caching=False),
@@ -59,7 +65,10 @@ def build(model_type: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **TINY)
+    tiny = dict(TINY)
+    if not hasattr(AutoConfig.for_model(model_type), "num_key_value_heads"):
+        del tiny["num_key_value_heads"]  # a model without grouped-query heads would ignore it
+    config = AutoConfig.for_model(model_type, **tiny)
     for name in ("sliding_window", "window_size"):
         if getattr(config, name, None):
             setattr(config, name, WINDOW)
@@ -67,6 +76,10 @@ def build(model_type: str) -> Any:
         config.use_sliding_window = True
         config.sliding_window = WINDOW
     config._attn_implementation = "eager"
+    with torch.device("meta"):  # count the parameters before allocating any: some configs ignore TINY
+        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config, attn_implementation="eager").parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{size / 1e6:.0f}M parameters with the tiny config (over {MAX_PARAMETERS / 1e6:.0f}M)")
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     if model.config.get_text_config().vocab_size < VOCAB:
         raise ValueError(f"vocabulary {model.config.vocab_size} < {VOCAB}")
@@ -94,7 +107,8 @@ def hf_greedy(model: Any, batch: list[list[int]]) -> list[list[int]]:
 
 
 def check(model_type: str) -> tuple[str, str]:
-    """`(outcome, detail)`: outcome one of exact, refused, not buildable, crash, wrong."""
+    """`(outcome, detail)`: outcome one of exact, refused, not buildable, crash, wrong, or hf
+    inconsistent (HF `generate` differs from HF's own forward, so there is no one reference)."""
     from metroline.executors.torch.support import UnsupportedModel
 
     try:
@@ -129,8 +143,26 @@ def check(model_type: str) -> tuple[str, str]:
             return "crash", f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
         got = [results[str(i)][0].output_token_ids for i in range(len(batch))]
         if got != ref:
+            forward = hf_forward_greedy(model, batch)
+            if forward != ref:  # HF's cached generate is not its own forward: no single reference
+                return "hf inconsistent", (f"{name}: HF generate {ref}, HF forward {forward}, metroline {got} "
+                                           f"({'equal to' if got == forward else 'unlike'} the forward)")
             return "wrong", f"{name}: {got} != HF {ref}"
     return "exact", ""
+
+
+def hf_forward_greedy(model: Any, batch: list[list[int]]) -> list[list[int]]:
+    """Greedy continuations by the model's plain forward over the whole sequence each token (no
+    cache): where HF `generate` disagrees with it, the model's cache is not its forward."""
+    model.set_attn_implementation("eager")
+    out = []
+    with torch.no_grad():
+        for p in batch:
+            ids = list(p)
+            for _ in range(MAX_NEW):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(ids[len(p):])
+    return out
 
 
 def sweep(types: list[str] | None = None, show: Any = None) -> dict[str, tuple[str, str]]:

@@ -73,11 +73,15 @@ def config_value(config: Any, name: str, default: Any = None) -> Any:
 def kv_shape(config: Any) -> tuple[int, int, int]:
     """`(layers, KV heads, head dim)` of the paged cache for a model of `config` (refused in one line
     where one of them is not a single value for the whole model: `config_value`)."""
-    layers = config_value(config, "num_hidden_layers")
-    heads = config_value(config, "num_attention_heads")
+    values = {name: config_value(config, name) for name in ("num_hidden_layers", "num_attention_heads", "hidden_size")}
+    missing = [name for name, v in values.items() if not isinstance(v, int)]
+    if missing:
+        raise refuse(config, f"its config gives no {', '.join(missing)} (a composite model, whose text model's "
+                             f"config metroline does not read)")
+    heads = values["num_attention_heads"]
     kv_heads = config_value(config, "num_key_value_heads") or heads
-    head_dim = config_value(config, "head_dim") or config_value(config, "hidden_size") // heads
-    return layers, kv_heads, head_dim
+    head_dim = config_value(config, "head_dim") or values["hidden_size"] // heads
+    return values["num_hidden_layers"], kv_heads, head_dim
 
 
 def check_class(model_class: type, config: Any) -> None:
