@@ -77,7 +77,8 @@ def build(model_type: str) -> Any:
         config.sliding_window = WINDOW
     config._attn_implementation = "eager"
     with torch.device("meta"):  # count the parameters before allocating any: some configs ignore TINY
-        size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config, attn_implementation="eager").parameters())
+        shell = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        size = sum(p.numel() for p in shell.parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size / 1e6:.0f}M parameters with the tiny config (over {MAX_PARAMETERS / 1e6:.0f}M)")
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()

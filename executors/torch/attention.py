@@ -226,8 +226,9 @@ def paged_mask(
 ) -> WindowMask | RefusedMask | None:
     """transformers' mask interface: the mask the model asks for (`mask_function` over the packed
     step), as the attention will apply it. Evaluates `mask_function` on (query, key) pairs of each
-    sequence's rows in the step (`_pairs_within_sequences`) and returns None when that is causal attention, a `WindowMask`
-    when it is causal within `local_size` (the window transformers' sliding-window masks pass);
+    sequence's rows in the step (`_pairs_within_sequences`) and returns None when that is causal
+    attention, a `WindowMask` when it is causal within `local_size` (the window transformers'
+    sliding-window masks pass);
     anything else a `RefusedMask`, which the attention of a layer given it refuses. A step whose
     sequences are all shorter than the window cannot tell the two apart: the window is the one the
     model asked for."""
