@@ -165,6 +165,9 @@ class EngineConfig(BaseModel):
             )
         if self.preemption_mode == "swap" and self.swap_space_blocks < 1:
             raise ValueError("preemption_mode='swap' needs swap_space_blocks >= 1")
+        if self.deterministic and self.speculative_config is not None:
+            raise ValueError("speculative decoding is not supported in the deterministic mode (its tiled forward "
+                             "verifies no drafts); drop speculative_config or deterministic")
         return self
 
     @property

@@ -247,3 +247,34 @@ def test_smollm2_answers_a_bare_question_as_a_chat_and_raw_says_why_it_is_empty(
         "metroline: the prompt generated no text: finished by EOS after 0 tokens; --raw was given: without it the "
         "prompt is the user turn of the model's chat template"
     )
+
+
+def test_deterministic_generate_is_hf_greedy(model_dir, monkeypatch):
+    """`generate --deterministic`: the mode's tiled forward gives HF's greedy text for each prompt."""
+    folder, model, tokenizer = model_dir
+    prompts = ["passengers board", "a scheduler decides who"]
+    expected = [_hf_greedy_text(model, tokenizer, p, 8) for p in prompts]
+    out = Recorder()
+    monkeypatch.setattr("sys.stdout", out)
+    assert main(["generate", "--model", str(folder), "--max-new-tokens", "8", "--deterministic", *prompts]) == 0
+    assert out.getvalue() == "".join(
+        f"{'' if i == 0 else chr(10)}[{i + 1}] {p}\n{t}" for i, (p, t) in enumerate(zip(prompts, expected))
+    ) + "\n"
+
+
+def test_deterministic_with_speculation_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """The incompatible pair is refused in one line without loading anything: the model path does
+    not exist, and the loader is never reached."""
+    from metroline.core.commands import generate
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(generate, "make_executor", no_load)
+    spec = '{"method": "ngram", "num_speculative_tokens": 4}'
+    assert main(["generate", "--model", str(tmp_path / "absent"), "--deterministic", "--speculative-config", spec,
+                 "x"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["metroline: error: --deterministic: deterministic: speculative decoding is not supported in "
+                     "the deterministic mode (its tiled forward verifies no drafts); drop speculative_config or "
+                     "deterministic"]

@@ -261,6 +261,10 @@ def generate_flags(p: argparse.ArgumentParser) -> None:
                    "\"num_speculative_tokens\": 4}' (method ngram or draft_model with model; "
                    "prompt_lookup_min/max; the simulator's acceptance_rate; default: none)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the end-of-sequence token")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="batch-invariant numerics: each prompt's tokens and logprobs bitwise the same whatever "
+                   "the other prompts; refused with --speculative-config, and for a model whose forward cannot be "
+                   "made batch-invariant (default: off)")
     template = p.add_mutually_exclusive_group()
     template.add_argument("--chat", action="store_true",
                           help="the prompt is the user turn of the tokenizer's chat template; an error when the "

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from ..requests.sequence import FinishReason
 from ..speculative_config import speculative_json
-from .options import fit_config, make_executor
+from ..diagnostics import validation_message
+from .options import fit_config, flag_name, make_executor
 
 
 def use_chat_template(tokenizer: Any, chat: bool, raw: bool) -> bool:
@@ -80,14 +81,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("; ".join(
             f"--{'-'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}" for e in exc.errors()
         )) from None
+    fields = {k: getattr(args, k) for k in ("num_blocks", "block_size", "deterministic")
+              if getattr(args, k, None) is not None}
+    if args.speculative_config:
+        fields["speculative_config"] = speculative_json(args.speculative_config)
+    try:  # every option is checked before the model loads
+        config = EngineConfig.model_validate(fields)
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc, flag_name, EngineConfig)) from None
     options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb}
     executor = make_executor({"executor": "torch", **options})
     if executor.tokenizer is None:
         raise ValueError(f"--model {args.model}: has no tokenizer, cannot encode text prompts")
-    fields = {k: getattr(args, k) for k in ("num_blocks", "block_size") if getattr(args, k) is not None}
-    if args.speculative_config:
-        fields["speculative_config"] = speculative_json(args.speculative_config)
-    config = EngineConfig.model_validate(fields)
     config = fit_config(config, executor, set(fields))
     chat = use_chat_template(executor.tokenizer, args.chat, args.raw)
     engine = Engine(config, executor)

@@ -5,6 +5,15 @@ keys and values (batch 1). It writes the new keys and values into the layer's pa
 step's slot mapping, then attends over each sequence's block table. Every layer writes before it
 reads, so a sequence may read blocks that another sequence of the same step writes.
 
+Masks: transformers builds a model's masks through the mask function registered under the same
+name (`paged_mask`). metroline's attention applies causality and keeps the packed sequences apart
+itself, so the mask function hands the model no tensor: it evaluates the mask function the model
+asked for on (query, key) pairs within each sequence of the step and returns None when that
+is plain causal attention, a `WindowMask` when it is a sliding window (honoured by the attention
+exactly as the `sliding_window` argument is), and a `RefusedMask` for anything else (chunks,
+bidirectional spans, custom overlays), which a layer given it refuses (`UnsupportedAttention`). A
+window that lives only in the mask (qwen2_moe, phimoe) is thus applied, never dropped.
+
 The step's metadata (`StepMeta`) is installed by the executor around the forward (`active_step`).
 On CUDA the Triton kernels of `triton_attention` serve when that module imports; elsewhere the torch
 reference does.
@@ -139,15 +148,23 @@ def paged_attention_forward(
         check_arguments(kwargs)
     if dropout:
         raise UnsupportedAttention(f"passes dropout={dropout}: metroline runs inference only (model.eval())")
-    if attention_mask is not None:
+    window = sliding_window or None
+    if isinstance(attention_mask, WindowMask):
+        if window is not None and window != attention_mask.window:
+            raise UnsupportedAttention(f"passes sliding_window={window} but its mask has a window of "
+                                       f"{attention_mask.window}")
+        window = attention_mask.window
+    elif isinstance(attention_mask, RefusedMask):
+        raise UnsupportedAttention(attention_mask.cause)
+    elif attention_mask is not None:
         raise UnsupportedAttention("builds its own attention mask instead of going through transformers' "
                                    "mask interface, which metroline's paged attention would ignore")
     if query.shape[0] != 1:
         raise ValueError(f"metroline_paged attention expects one packed batch, got batch size {query.shape[0]}")
     layer = module.layer_idx
     k_cache, v_cache = meta.k_caches[layer], meta.v_caches[layer]
+    check_kv_shape(key, value, k_cache)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    window = sliding_window or None
     cap = softcap or None
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
     if meta.layout is not None:  # the torch reference takes any strides
@@ -164,16 +181,117 @@ def paged_attention_forward(
     return out.unsqueeze(0), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None  # the paged attention applies causality itself
+def check_kv_shape(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Refuse keys or values whose heads and width are not the paged cache's `[kv_heads, head_dim]`
+    (keys and values of different widths: multi-head latent attention)."""
+    want = tuple(k_cache.shape[2:])
+    k_shape, v_shape = (key.shape[1], key.shape[-1]), (value.shape[1], value.shape[-1])
+    if key.shape[-1] != value.shape[-1]:
+        raise UnsupportedAttention(f"its keys and values have different widths ({key.shape[-1]} and {value.shape[-1]}: "
+                                   f"latent or asymmetric attention), which metroline's paged cache does not store")
+    if k_shape != want or v_shape != want:
+        raise UnsupportedAttention(f"its keys are {k_shape[0]} heads of {k_shape[1]} where the config gives "
+                                   f"{want[0]} of {want[1]} (per-layer or latent head shapes), which metroline's "
+                                   f"paged cache does not store")
+
+
+class WindowMask:
+    """What `paged_mask` hands a model in place of a mask tensor when the model's mask is a sliding
+    window: `window` (a query at position `p` sees keys `p - window < k <= p`)."""
+
+    __slots__ = ("window",)
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    def __repr__(self) -> str:
+        return f"WindowMask({self.window})"
+
+
+class RefusedMask:
+    """What `paged_mask` hands a model for a mask metroline's attention does not implement: the
+    attention of a layer that receives it refuses, with `cause` (a model may build masks that no
+    layer uses, as qwen2_moe's sliding mask with its window off)."""
+
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+
+
+def paged_mask(
+    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+    mask_function: Any = None, attention_mask: torch.Tensor | None = None, local_size: int | None = None,
+    **kwargs: Any,
+) -> WindowMask | RefusedMask | None:
+    """transformers' mask interface: the mask the model asks for (`mask_function` over the packed
+    step), as the attention will apply it. Evaluates `mask_function` on (query, key) pairs of each
+    sequence's rows in the step (`_pairs_within_sequences`) and returns None when that is causal
+    attention, a `WindowMask` when it is causal within `local_size` (the window transformers'
+    sliding-window masks pass);
+    anything else a `RefusedMask`, which the attention of a layer given it refuses. A step whose
+    sequences are all shorter than the window cannot tell the two apart: the window is the one the
+    model asked for."""
+    meta = _current
+    if meta is None:
+        raise RuntimeError("metroline_paged mask built outside a metroline step")
+    if attention_mask is not None:
+        raise UnsupportedAttention("passes a padding mask, which metroline's packed steps never need")
+    if batch_size != 1 or q_offset or kv_offset or q_length != kv_length:
+        raise UnsupportedAttention(f"builds its mask over {batch_size} rows, {q_length} queries and {kv_length} keys "
+                                   f"(offsets {q_offset}, {kv_offset}) where metroline packs one batch row")
+    if mask_function is None:
+        return None
+    q, kv = _pairs_within_sequences(meta.query_start_loc, local_size)
+    zero = torch.zeros_like(q)
+    try:
+        visible = mask_function(zero, zero, q, kv)
+    except Exception as e:  # noqa: BLE001 - a mask function that is not index-based is refused
+        return RefusedMask(f"builds an attention mask metroline cannot evaluate pair by pair ({type(e).__name__})")
+    visible = torch.as_tensor(visible, device=q.device).expand(q.shape)
+    distance = q - kv
+    causal = distance >= 0
+    if local_size and bool((visible == (causal & (distance < local_size))).all()):
+        return WindowMask(int(local_size))
+    if bool((visible == causal).all()):
+        return None
+    return RefusedMask("puts structure other than causal attention or a sliding window into its attention mask "
+                       "(chunks, bidirectional spans or a custom overlay), which metroline's paged attention does "
+                       "not implement")
+
+
+NEAR = 16
+"""`paged_mask` reads every pair of rows of a sequence at most this far apart (and one apart the
+wrong way), the pairs at a window's edge, and the whole row of each sequence's last query."""
+
+
+def _pairs_within_sequences(query_start_loc: torch.Tensor, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query row, key row) pairs of the step, both rows in one sequence's segment, as two flat
+    int64 tensors: every row with the keys at distances -1..`NEAR` and at `window` - 1, `window`,
+    `window` + 1 (what tells causal attention, a window and anything else apart in a row), and
+    the last row of each segment with every key of its segment (long-range structure: chunks,
+    global tokens). Linear in the step's rows, not quadratic."""
+    starts = query_start_loc.to(torch.int64)
+    lens = starts[1:] - starts[:-1]
+    device = starts.device
+    rows = torch.arange(int(starts[-1]), device=device)
+    seg = torch.repeat_interleave(torch.arange(lens.numel(), device=device), lens)
+    near = list(range(-1, NEAR + 1)) + ([window - 1, window, window + 1] if window else [])
+    distance = torch.tensor(sorted(set(near)), device=device)
+    q = rows[:, None].expand(-1, distance.numel())
+    kv = q - distance[None, :]
+    inside = (kv >= starts[seg][:, None]) & (kv < starts[seg + 1][:, None])
+    last = (starts[1:] - 1)[lens > 0]
+    q_last = torch.repeat_interleave(last, lens[lens > 0])
+    return torch.cat([q[inside], q_last]), torch.cat([kv[inside], rows])
 
 
 def register() -> str:
-    """Register the attention function (and its mask function: none) with transformers; returns
-    the `attn_implementation` name."""
+    """Register the attention function and its mask function (`paged_mask`) with transformers;
+    returns the `attn_implementation` name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, paged_mask)
     return ATTN_IMPLEMENTATION

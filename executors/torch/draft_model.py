@@ -33,14 +33,8 @@ from .packing import pack
 
 def draft_kv_bytes_per_token(model: Any) -> int:
     """Bytes of the draft model's KV per token (what a pool block holds for it per slot)."""
-    num_layers, num_kv_heads, head_dim = _shape(model.config)
+    num_layers, num_kv_heads, head_dim = support.kv_shape(model.config)
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, next(model.parameters()).dtype)
-
-
-def _shape(cfg: Any) -> tuple[int, int, int]:
-    heads = cfg.num_attention_heads
-    return (cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
-            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
 
 
 class DraftModelDrafter:
@@ -54,6 +48,7 @@ class DraftModelDrafter:
         try:
             support.check_class(type(model), cfg)
             support.check_config(cfg)
+            self.num_layers, self.num_kv_heads, self.head_dim = support.kv_shape(cfg)
         except support.UnsupportedModel as e:
             raise support.UnsupportedModel(f"speculative_config.model: {e}") from None
         if cfg.vocab_size < target.vocab_size:
@@ -65,7 +60,6 @@ class DraftModelDrafter:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.num_layers, self.num_kv_heads, self.head_dim = _shape(cfg)
         self.ops = attention.attention_ops(self.device)
         try:
             support.probe(model, self.num_layers, self.num_kv_heads, self.head_dim, self.ops)

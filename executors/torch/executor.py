@@ -59,10 +59,8 @@ class TorchExecutor:
         self.source = source
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.num_layers = cfg.num_hidden_layers
+        self.num_layers, self.num_kv_heads, self.head_dim = support.kv_shape(cfg)
         self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.vocab_size = cfg.vocab_size
         # the model's context (sliding-window layers mask what they must not see: the window is no
         # limit), shorter only where a length-dependent rope would change its factors
@@ -78,6 +76,7 @@ class TorchExecutor:
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
         self.kv: PagedKVCache | None = None
         self.deterministic = False
+        self._invariance_checked = False  # `invariant_step.check_invariance` passed (run once, at the first bind)
         self.drafter: Any = None
         self.draft_model: Any = None  # the draft model of `speculative_config.method = "draft_model"`
         self._draft_source: str | None = None  # what `draft_model` was loaded from (None: given)
@@ -153,12 +152,12 @@ class TorchExecutor:
         zeros its attention reads in place of keys past a row's position."""
         self.kv = None
         deterministic = bool(getattr(config, "deterministic", False))
-        if deterministic:
-            if getattr(config, "speculative_config", None) is not None:
-                raise ValueError("deterministic: speculative decoding is not supported in the deterministic mode "
-                                 "(its tiled forward verifies no drafts); drop speculative_config or deterministic")
-            invariant_step.check_model(self.model.config)
+        if deterministic:  # (EngineConfig refuses it with speculation)
             self._invariant_ops = invariant_step.attention_ops(self.device)
+            if not self._invariance_checked:
+                invariant_step.check_invariance(self.model, self._invariant_ops, self.num_layers, self.num_kv_heads,
+                                                self.head_dim)
+                self._invariance_checked = True
         self.deterministic = deterministic
         self.kv = PagedKVCache(
             self.num_layers, config.num_blocks + 2 * self.deterministic, config.block_size, self.num_kv_heads,

@@ -22,9 +22,13 @@ runs the model once per tile (`bench/deterministic.py` measures it).
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import attention, linear
 
@@ -113,14 +117,84 @@ def attention_ops(device: torch.device) -> Any:
     return invariant_attention
 
 
-def check_model(config: Any) -> None:
-    """Refuse, in one line, a model whose forward cannot be batch-invariant: a mixture of experts
-    routes each token to experts that run on as many tokens as were routed to them (a batch-sized
-    shape)."""
+PROBE_BLOCK = 16
+"""Block size of `check_invariance`'s scratch KV."""
+ROUTING_OPS = ("aten._grouped_mm", "aten.nonzero", "aten.histc", "aten.bincount", "aten._unique2", "aten.unique_dim",
+               "aten.unique_consecutive")
+"""Ops whose work is split by values rather than shapes (rows per group, per expert): a forward
+that runs one (outside the attention) cannot be batch-invariant however its shapes are fixed."""
+
+
+class _ShapeTrace(TorchDispatchMode):
+    """Records `(op, input shapes)` of every op the model runs outside metroline's attention and
+    mask functions (whose shapes follow the step's layout by design, and whose numbers do not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple]] = []
+        self._skip = (attention.paged_attention_forward.__code__, attention.paged_mask.__code__)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code not in self._skip:
+            frame = frame.f_back
+        if frame is None:
+            leaves = pytree.tree_leaves((args, kwargs))
+            shapes = tuple(tuple(a.shape) for a in leaves if isinstance(a, torch.Tensor))
+            self.ops.append((str(func), shapes))
+        return func(*args, **(kwargs or {}))
+
+
+class _Traced:
+    """`model` called under a `_ShapeTrace` (what `_run_tile` calls in the probe)."""
+
+    def __init__(self, model: Any, trace: _ShapeTrace) -> None:
+        self.model, self.trace = model, trace
+
+    def __call__(self, **inputs: Any) -> Any:
+        with self.trace:
+            return self.model(**inputs)
+
+
+def check_invariance(model: Any, ops: Any, num_layers: int, num_kv_heads: int, head_dim: int) -> None:
+    """Refuse, in one line, a model whose forward in the mode still depends on the other rows of
+    the tile, found by behaviour rather than by name: one short sequence's tile alone and the same
+    sequence after two companions. Every op outside the attention must see the same shapes in both
+    (a mixture of experts runs each expert on the tokens routed to it: a shape set by the
+    companions), none may split its work by values (`ROUTING_OPS`), and the sequence's logits must
+    be bitwise the same."""
     from .support import UnsupportedModel, model_type
 
-    for name in ("num_local_experts", "num_experts", "n_routed_experts"):
-        if getattr(config, name, None):
-            raise UnsupportedModel(f"{model_type(config)}: deterministic mode: its mixture-of-experts layers run each "
-                                   f"expert on the tokens routed to it, a shape that depends on the batch ({name}="
-                                   f"{getattr(config, name)})")
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    vocab = getattr(model.config, "vocab_size", 2) or 2
+    # blocks: 0 the row's sequence, 1 and 2 the companions', 3 the scratch one, 4 the zeros
+    shape = (5, PROBE_BLOCK, num_kv_heads, head_dim)
+    kv = SimpleNamespace(k_layers=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+                         v_layers=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)])
+    tokens = [[(5 + 7 * i + 11 * s * i) % vocab for i in range(n)] for s, n in enumerate((5, 13, 9))]
+    seqs = [SimpleNamespace(token_ids=t, block_table=[b]) for b, t in enumerate(tokens)]
+    rows = [[(s, t, p) for p, t in enumerate(tokens[s])] for s in range(3)]
+    runs = []
+    for tile in (rows[0], rows[1] + rows[2] + rows[0]):
+        trace = _ShapeTrace()
+        with torch.inference_mode():
+            out = _run_tile(_Traced(model, trace), tile, seqs, PROBE_BLOCK, kv, ops, 3, device, True)
+        runs.append((out[len(tile) - 1].clone(), trace.ops))
+    (alone, alone_ops), (batched, batched_ops) = runs
+    cause = None
+    routing = next((op for op, _ in alone_ops + batched_ops if op.rsplit(".", 1)[0] in ROUTING_OPS), None)
+    if routing is not None:
+        cause = (f"it runs {routing}, which splits its work by how many rows the data routes to each part (a "
+                 f"mixture of experts)")
+    elif alone_ops != batched_ops:
+        k = next((i for i, (a, b) in enumerate(zip(alone_ops, batched_ops)) if a != b), min(len(alone_ops),
+                                                                                           len(batched_ops)))
+        op = (alone_ops[k] if k < len(alone_ops) else batched_ops[k])[0]
+        cause = (f"the shapes of its operations depend on the other rows of the batch ({op}, op {k + 1} of the "
+                 f"forward: a mixture of experts or other data-dependent layer)")
+    elif not torch.equal(alone, batched):
+        cause = "a row's logits differ bitwise alone and among companions"
+    if cause is not None:
+        raise UnsupportedModel(f"{model_type(model.config)}: deterministic mode: its forward cannot be made "
+                               f"batch-invariant: {cause}")

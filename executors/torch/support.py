@@ -7,7 +7,10 @@ metroline replaces a model's attention with its paged attention through transfor
   load, `probe`);
 - every argument the model passes to the attention function is honoured (sliding window, logit
   softcapping, sinks) or neutral (`attention.check_arguments`): any other is refused by name;
-- every layer is full or sliding-window attention (no chunked, linear or state-space layers);
+- every layer is full or sliding-window attention (no chunked, linear or state-space layers), and
+  a window the model puts only into its mask is honoured (`attention.paged_mask`);
+- the model takes its positions from `position_ids`, and a short packed, chunked, prefix-shared
+  run on the paged attention gives its own forward's logits (`parity_probe`, at load);
 - the rotary embedding does not depend on the pack: `default`, `linear`, `llama3`, `yarn` and
   `proportional` are fixed; `dynamic` (NTK) changes only past `max_position_embeddings`, which
   `max_model_len` never exceeds; `longrope` switches to its long factors past
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import attention
+from . import attention, parity_probe
 
 VERIFIED_ARCHITECTURES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "olmo",
@@ -48,6 +51,37 @@ def model_type(config: Any) -> str:
 def refuse(config: Any, cause: str) -> UnsupportedModel:
     """The one-line error for a model of `config`'s type: `<type>: <cause> (supported: ...)`."""
     return UnsupportedModel(f"{model_type(config)}: {cause} (supported: {', '.join(VERIFIED_ARCHITECTURES)})")
+
+
+def one_line(error: BaseException, limit: int = 160) -> str:
+    """`error` as `Type: first line of its message`, at most `limit` characters of message."""
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    first = first if len(first) <= limit else first[:limit - 3] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def config_value(config: Any, name: str, default: Any = None) -> Any:
+    """`config.name` (or `default`); a config that cannot give one value for the whole model (a
+    per-layer attribute, Gemma-4's `head_dim`) is refused in one line."""
+    try:
+        return getattr(config, name, default)
+    except Exception as e:  # noqa: BLE001 - transformers raises its own error types here
+        raise refuse(config, f"its {name} is not one value for every layer ({type(e).__name__}), and metroline's "
+                             f"paged cache has one KV shape for all layers") from None
+
+
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """`(layers, KV heads, head dim)` of the paged cache for a model of `config` (refused in one line
+    where one of them is not a single value for the whole model: `config_value`)."""
+    values = {name: config_value(config, name) for name in ("num_hidden_layers", "num_attention_heads", "hidden_size")}
+    missing = [name for name, v in values.items() if not isinstance(v, int)]
+    if missing:
+        raise refuse(config, f"its config gives no {', '.join(missing)} (a composite model, whose text model's "
+                             f"config metroline does not read)")
+    heads = values["num_attention_heads"]
+    kv_heads = config_value(config, "num_key_value_heads") or heads
+    head_dim = config_value(config, "head_dim") or values["hidden_size"] // heads
+    return values["num_hidden_layers"], kv_heads, head_dim
 
 
 def check_class(model_class: type, config: Any) -> None:
@@ -105,7 +139,9 @@ def check_config(config: Any) -> None:
 
 def probe(model: Any, num_layers: int, num_kv_heads: int, head_dim: int, ops: Any) -> None:
     """One packed forward of two short sequences on scratch KV: every layer must call the
-    registered attention exactly once, with arguments it honours, and write its KV."""
+    registered attention exactly once, with arguments it honours, and write its KV. Then the
+    numbers (`parity_probe.check`): a short packed, chunked, prefix-shared run must give the
+    model's own logits, and must not move when only the rows of the step are renumbered."""
     config = model.config
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
@@ -139,7 +175,7 @@ def probe(model: Any, num_layers: int, num_kv_heads: int, head_dim: int, ops: An
     except UnsupportedModel:
         raise
     except Exception as e:  # noqa: BLE001 - any failure of the probe is the model's, said in one line
-        raise refuse(config, f"its forward fails on metroline's paged attention ({type(e).__name__}: {e})") from None
+        raise refuse(config, f"its forward fails on metroline's paged attention ({one_line(e)})") from None
     if sorted(calls) != list(range(num_layers)):
         missing = sorted(set(range(num_layers)) - set(calls))
         cause = (f"layers {missing} never called the registered attention" if missing
@@ -149,3 +185,11 @@ def probe(model: Any, num_layers: int, num_kv_heads: int, head_dim: int, ops: An
     for layer in range(num_layers):
         if not k_caches[layer].view(-1, num_kv_heads * head_dim)[written].abs().sum(-1).gt(0).all():
             raise refuse(config, f"layer {layer}'s attention did not write its keys into the paged cache")
+    try:
+        cause = parity_probe.check(model, num_layers, num_kv_heads, head_dim, ops)
+    except attention.UnsupportedAttention as e:
+        raise refuse(config, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - as above
+        raise refuse(config, f"its forward fails on metroline's paged attention ({one_line(e)})") from None
+    if cause is not None:
+        raise refuse(config, cause)
