@@ -426,9 +426,11 @@ def run_mutant(ws: Workspace, mutant: Mutant, own: list[str], wider: list[str],
         ws.restore(mutant.module)
 
 
-def select(config: Config, module: str, sample: int | None, seed: int):
-    """(mutants to run, equivalent mutants with reasons) for one module."""
+def select(config: Config, module: str, sample: int | None, seed: int, only: str | None = None):
+    """(mutants to run, equivalent mutants with reasons, how many it has) for one module."""
     mutants = generate(module, (ROOT / module).read_text())
+    if only:
+        mutants = [m for m in mutants if re.search(only, m.diff())]
     equivalent = [(m, config.equivalent[m.key]) for m in mutants if m.key in config.equivalent]
     live = [m for m in mutants if m.key not in config.equivalent]
     if sample is not None and sample < len(live):
@@ -447,6 +449,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, help="at most N mutants a module, drawn by --seed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="only the mutants whose report line (file:line: [operator] ...) matches")
     parser.add_argument("--list", action="store_true", help="print the mutants; run nothing")
     parser.add_argument("--own-only", action="store_true", help="skip the wider test files")
     parser.add_argument("--config", type=Path, default=CONFIG)
@@ -467,7 +471,7 @@ def main(argv=None) -> int:
                 parser.error(f"--module {module!r}: no test files mapped to it in "
                              f"{args.config.name}")
 
-    plan = {m: select(config, m, args.sample, args.seed) for m in modules}
+    plan = {m: select(config, m, args.sample, args.seed, args.only) for m in modules}
     if args.list:
         for module, (live, equivalent, total) in plan.items():
             print(f"# {module}: {total} mutants, {len(equivalent)} equivalent, "
