@@ -394,7 +394,7 @@ class Workspace:
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL,
+        self.proc = proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             code = proc.wait(timeout=timeout)
@@ -404,7 +404,14 @@ class Workspace:
             return "timeout", time.monotonic() - started
         return ("passed" if code == 0 else "failed"), time.monotonic() - started
 
+    def stop(self):
+        """Kill the test run in progress, if any."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
     def close(self):
+        self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -506,24 +513,39 @@ def main(argv=None) -> int:
         lock = threading.Lock()
         results = {}
 
+        stopping = threading.Event()
+
         def work(module, mutant):
+            if stopping.is_set():
+                return
             ws = workspaces.get()
             try:
                 wider = [] if args.own_only else config.wider[module]
                 outcome, by = run_mutant(ws, mutant, config.tests[module], wider, timeouts)
             finally:
                 workspaces.put(ws)
+            if stopping.is_set():
+                return  # its test run was killed by Ctrl-C: no outcome
             with lock:
                 results.setdefault(module, []).append((mutant, outcome, by))
                 mark = {"killed": ".", "timeout": "T", "survived": "S"}[outcome]
                 print(mark, end="", flush=True)
 
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        try:
             futures = [pool.submit(work, module, m)
                        for module, (live, _, _) in plan.items() for m in live]
             for f in futures:
                 f.result()
+        except KeyboardInterrupt:  # Ctrl-C: no new mutant, the running ones' tests are killed
+            stopping.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for ws in made:
+                ws.stop()
+            print("\ninterrupted: the report covers the mutants that ran")
+        else:
+            pool.shutdown()
         print()
         return report(plan, results, time.monotonic() - started, args)
     finally:

@@ -10,6 +10,9 @@ from conftest import assert_pool_drained, make_engine, request, run_to_end
 
 from metroline.core.errors import PluginError
 from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.plugins.preemption import is_protected, older, substitute
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
 
 
 class Twice:
@@ -33,3 +36,66 @@ def test_an_order_running_answer_listing_a_sequence_twice_is_refused():
         engine.step()
     assert (info.value.plugin, info.value.hook) == ("twice", "order_running")
     assert "is listed twice" in info.value.problem
+
+
+# --- the no-livelock rule: is_protected, older, substitute (metroline.core.plugins.preemption) ---
+
+
+def _seq(rid, arrival_no, *, index=0, stalls=0, mark=-1, computed=0, running=True):
+    seq = Sequence(rid, [1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(), 0.0,
+                   arrival_no=arrival_no, index=index, seq_id=f"{rid}-{index}")
+    seq.stalls, seq.stall_mark, seq.num_computed_tokens = stalls, mark, computed
+    seq.state = RUNNING if running else WAITING
+    return seq
+
+
+def test_protection_starts_at_the_second_stall_and_holds_up_to_the_mark_itself():
+    # docs/architecture.md, "The progress guarantee": preempted twice in a row without computing
+    # past its mark, a request is protected until it computes past the mark
+    assert not is_protected(_seq("a", 0, stalls=1, mark=8, computed=0))
+    assert is_protected(_seq("a", 0, stalls=2, mark=8, computed=0))
+    assert is_protected(_seq("a", 0, stalls=2, mark=8, computed=8))  # at the mark: not past it
+    assert not is_protected(_seq("a", 0, stalls=2, mark=8, computed=9))
+    assert not is_protected(_seq("a", 0, stalls=0, mark=-1, computed=0))
+
+
+def test_older_is_strict_and_orders_samples_of_one_request_by_index():
+    a0, a1, b = _seq("a", 3, index=0), _seq("a", 3, index=1), _seq("b", 4)
+    assert older(a0, a1) and older(a1, b) and older(a0, b)
+    assert not older(a1, a0) and not older(b, a0)
+    assert not older(a0, a0)
+
+
+def test_substitute_prefers_an_unprotected_victim_to_a_younger_protected_one():
+    requester = _seq("r", 0)
+    unprotected = _seq("u", 1)
+    protected = _seq("p", 2, stalls=2, mark=8, computed=8)  # the youngest, but protected
+    assert substitute([requester, unprotected, protected], requester) is unprotected
+    # past its mark it is protected no more, and the youngest goes
+    protected.num_computed_tokens = 9
+    assert substitute([requester, unprotected, protected], requester) is protected
+
+
+def test_substitute_takes_the_youngest_unprotected_never_the_requester_itself():
+    requester = _seq("r", 5)  # the youngest of all
+    old, mid0, mid1 = _seq("o", 1), _seq("m", 2, index=0), _seq("m", 2, index=1)
+    # an unprotected request may be displaced even by a younger one; the youngest such goes, and
+    # of two samples of one request the later index is the younger
+    assert substitute([old, requester, mid0, mid1], requester) is mid1
+    assert substitute([mid1, mid0, old, requester], requester) is mid1
+
+
+def test_substitute_never_takes_an_older_protected_request_and_then_the_requester_yields():
+    guarded = _seq("g", 1, stalls=2, mark=8, computed=4)
+    requester = _seq("r", 2)
+    assert substitute([guarded, requester], requester) is requester  # running: it yields itself
+    waiting = _seq("w", 3, running=False)
+    assert substitute([guarded], waiting) is None  # waiting: it stays where it is
+
+
+def test_substitute_for_a_protected_requester_only_takes_younger_requests():
+    requester = _seq("r", 2, stalls=2, mark=8, computed=4)
+    older_one, younger_one = _seq("o", 1), _seq("y", 3)
+    assert substitute([older_one, requester, younger_one], requester, younger_only=True) is younger_one
+    assert substitute([older_one, requester], requester, younger_only=True) is requester
+    assert substitute([older_one, requester], requester) is older_one  # without younger_only
