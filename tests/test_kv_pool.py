@@ -74,6 +74,21 @@ def test_peak_used_blocks():
     assert pool.peak_used_blocks == 5
 
 
+def test_peak_used_blocks_counts_the_cached_blocks_a_prefix_hit_takes_back():
+    # the run's `kv_peak_blocks`: blocks a hit acquires from the cache count as used, like new ones
+    pool = BlockPool(8, BS)
+    t1, _, _ = admit(pool, A)
+    pool.release(t1)  # A's 3 blocks cached, none used
+    other = []
+    pool.allocate_slots(other, 0, 8, [])
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (2, 3)
+    hit = pool.lookup(A + [5])
+    pool.acquire(hit.block_ids)
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
+    pool.acquire(hit.block_ids)  # a second reference takes no further block
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
+
+
 # -- prefix hits --------------------------------------------------------------------------------
 
 

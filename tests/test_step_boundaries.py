@@ -9,10 +9,14 @@ import pytest
 from conftest import assert_pool_drained, make_engine, request, run_to_end
 
 from metroline.core.errors import PluginError
+from metroline.core.plugins.budget import Split
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.plugins.preemption import is_protected, older, substitute
 from metroline.core.requests.request import SamplingParams
 from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
+from metroline.core.step.plan import StepPlan
+from metroline.core.step.scheduler import Scheduler
+from metroline.core.step.step_state import StepState
 
 
 class Twice:
@@ -99,3 +103,96 @@ def test_substitute_for_a_protected_requester_only_takes_younger_requests():
     assert substitute([older_one, requester, younger_one], requester, younger_only=True) is younger_one
     assert substitute([older_one, requester], requester, younger_only=True) is requester
     assert substitute([older_one, requester], requester) is older_one  # without younger_only
+
+
+# --- progress: a recompute that only reaches its high-water mark (metroline.core.step.scheduler) ---
+
+
+def test_a_recompute_that_only_reaches_its_high_water_mark_is_not_progress():
+    seq = _seq("a", 0, computed=4)
+    seq.max_computed = 8  # it had computed 8 tokens before a preemption
+    plan = StepPlan(1, 4)
+    plan.scheduled[seq] = 4  # back to 8: recomputation only
+    assert not Scheduler.progresses(plan)
+    plan.scheduled[seq] = 5  # token 9 is new
+    assert Scheduler.progresses(plan)
+    plan.scheduled[seq] = 4
+    plan.sample_seqs.append(seq)  # a sampled token is progress
+    assert Scheduler.progresses(plan)
+
+
+# --- the step's budget bookkeeping (metroline.core.step.step_state) -----------------------------
+
+
+def test_dropping_a_scheduled_sequence_gives_back_exactly_its_tokens_drafts_and_chunk():
+    engine = make_engine()
+    for rid in ("plain", "drafting", "prefill"):
+        engine.add_request(request(rid, 4, max_new=4))
+    plain, drafting, prefill = (engine.sequences(r)[0] for r in ("plain", "drafting", "prefill"))
+    state = StepState(StepPlan(1, 4), engine.scheduler.ctx, None)
+    state.set_budget(16, 16, 2)
+    plan = state.plan
+    state.schedule(plain, 1, True)  # a decode without drafts
+    state.schedule(drafting, 3, True, drafts=2)  # a decode carrying 2 drafts
+    state.schedule(prefill, 4, False)
+    plan.admitted.append(prefill)
+    assert (plan.num_decode_tokens, plan.num_draft_tokens, plan.num_prefill_tokens) == (4, 2, 4)
+    assert (state.decode_left, state.prefill_left, state.prefills_left) == (12, 12, 1)
+    state.drop(plain)  # carried no drafts: the drafts of the step stay as they are
+    assert (plan.num_decode_tokens, plan.num_draft_tokens, plan.drafts) == (3, 2, {drafting: 2})
+    assert state.decode_left == 13
+    state.drop(drafting)
+    assert (plan.num_decode_tokens, plan.num_draft_tokens, plan.drafts) == (0, 0, {})
+    assert state.decode_left == 16
+    state.drop(prefill)  # its chunk, its tokens and its admission go back
+    assert (plan.num_prefill_tokens, state.prefill_left, state.prefills_left) == (0, 16, 2)
+    assert plan.admitted == [] and plan.scheduled == {} and plan.num_context_tokens == 0
+    state.drop(prefill)  # not scheduled (any more): nothing changes
+    assert (state.decode_left, state.prefill_left, state.prefills_left) == (16, 16, 2)
+
+
+# --- max_prefills on running prefills (metroline.core.step.running) -----------------------------
+
+
+class OnePrefillAfterTheFirstStep:
+    """`split_budget`: the default split, but from the second step on at most one prefill chunk."""
+
+    name = "one_prefill"
+
+    @hookimpl
+    def split_budget(self, ctx, budget, num_decoding):
+        decode = min(budget, num_decoding)
+        return Split(decode, budget - decode, 4, None if ctx.step == 1 else 1)
+
+
+def test_max_prefills_caps_the_chunks_of_running_prefills_too():
+    engine = make_engine(plugins=[OnePrefillAfterTheFirstStep()], enable_prefix_caching=False)
+    engine.add_request(request("A", 16, max_new=2))
+    engine.add_request(request("B", 16, max_new=2))
+    run_to_end(engine)
+    got = [p.scheduled for p in engine.executor.plans]
+    # both start in step 1; then one chunk a step: A's prompt to its end, then B's alongside A's
+    # decodes (a decode is no prefill chunk)
+    assert got == [
+        {"A": 4, "B": 4}, {"A": 4}, {"A": 4}, {"A": 4},
+        {"A": 1, "B": 4}, {"B": 4}, {"B": 4}, {"B": 1},
+    ]
+    assert_pool_drained(engine)
+
+
+# --- a block filled exactly at the end of the step (metroline.core.step.step_state) -------------
+
+
+def test_a_block_filled_exactly_at_the_end_of_the_step_is_shared_in_that_step():
+    prefix = [7, 8, 9, 10, 11, 12, 13, 14]  # two blocks of 4
+    engine = make_engine()
+    engine.add_request(request("r0", prefix, max_new=2))  # its prompt ends on a block boundary
+    engine.add_request(request("r1", prefix + [100], max_new=2))
+    engine.step()
+    plan = engine.executor.plans[0]
+    assert plan.scheduled == {"r0": 8, "r1": 1} and plan.starts == {"r0": 0, "r1": 8}
+    r0, r1 = engine.sequences("r0")[0], engine.sequences("r1")[0]
+    assert r1.block_table[:2] == r0.block_table[:2]
+    assert r0.num_cached_blocks == 2
+    run_to_end(engine)
+    assert_pool_drained(engine)
