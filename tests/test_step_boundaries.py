@@ -11,7 +11,7 @@ from conftest import assert_pool_drained, make_engine, request, run_to_end
 from metroline.core.errors import PluginError
 from metroline.core.plugins.budget import Split
 from metroline.core.plugins.hookspecs import hookimpl
-from metroline.core.plugins.preemption import is_protected, older, substitute
+from metroline.core.plugins.preemption import Preempt, is_protected, older, substitute
 from metroline.core.requests.request import SamplingParams
 from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
 from metroline.core.step.plan import StepPlan
@@ -196,3 +196,55 @@ def test_a_block_filled_exactly_at_the_end_of_the_step_is_shared_in_that_step():
     assert r0.num_cached_blocks == 2
     run_to_end(engine)
     assert_pool_drained(engine)
+
+
+# --- the victim the core substitutes for a plugin's (metroline.core.step.victim_loop) ------------
+
+
+class OldestVictim:
+    """`select_victim`: always the oldest running request, whoever asks."""
+
+    name = "oldest_victim"
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        return min(ctx.running, key=lambda s: s.arrival_no) if ctx.running else None
+
+
+def _old_and_young(**config):
+    engine = make_engine(plugins=[OldestVictim()], **config)
+    engine.add_request(request("old", 8, max_new=8))
+    engine.add_request(request("young", 8, max_new=8))
+    engine.step()
+    old, young = engine.sequences("old")[0], engine.sequences("young")[0]
+    assert old.state is RUNNING and young.state is RUNNING
+    return engine.scheduler.room, old, young
+
+
+def _stall(seq, stalls):
+    seq.stalls, seq.stall_mark = stalls, seq.num_computed_tokens
+
+
+def test_a_protected_victim_is_replaced_from_the_second_stall_on():
+    room, old, young = _old_and_young()
+    _stall(old, 1)  # one stall: not protected, the plugin's victim stands
+    assert room.victim(young, "blocks") == Preempt(old, "recompute")
+    _stall(old, 2)  # protected: the younger requester yields instead
+    assert room.victim(young, "blocks") == Preempt(young, "recompute")
+    old.num_computed_tokens += 1  # past its mark: no longer protected
+    assert room.victim(young, "blocks") == Preempt(old, "recompute")
+
+
+def test_a_protected_requester_named_as_its_own_victim_takes_a_younger_one():
+    room, old, young = _old_and_young()
+    _stall(old, 2)
+    assert room.victim(old, "blocks") == Preempt(young, "recompute")
+    _stall(old, 1)
+    assert room.victim(old, "blocks") == Preempt(old, "recompute")
+
+
+def test_without_protect_stalled_the_plugins_victim_stands():
+    room, old, young = _old_and_young(protect_stalled=False)
+    _stall(old, 2)
+    assert room.victim(young, "blocks") == Preempt(old, "recompute")
+    assert room.victim(old, "blocks") == Preempt(old, "recompute")
