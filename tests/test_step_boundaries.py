@@ -6,7 +6,7 @@ bench/mutation.toml)."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_pool_drained, make_engine, request, run_to_end
+from conftest import assert_pool_drained, make_engine, request, run_to_end, tokens
 
 from metroline.core.errors import PluginError
 from metroline.core.plugins.budget import Split
@@ -248,3 +248,63 @@ def test_without_protect_stalled_the_plugins_victim_stands():
     _stall(old, 2)
     assert room.victim(young, "blocks") == Preempt(old, "recompute")
     assert room.victim(old, "blocks") == Preempt(old, "recompute")
+
+
+# --- admission: the blocks a prefix hit needs, at the exact boundary (metroline.core.step.admission)
+
+
+def _after(a_prompt, b_prompt, b_new, **config):
+    """A runs to its end alone; then B (sharing a prefix with A's prompt) is added; B's engine."""
+    engine = make_engine(**config)
+    engine.add_request(request("A", a_prompt, max_new=9))
+    run_to_end(engine)
+    engine.add_request(request("B", b_prompt, max_new=b_new))
+    return engine
+
+
+def test_a_full_block_hit_is_admitted_when_its_blocks_fill_the_pool_exactly():
+    # A's 32 prompt tokens + 8 outputs: 3 blocks of 16, all cached once it ends; B = A's 2 prompt
+    # blocks + 15 tokens + 1 output: its 2 hit blocks and 1 new one are exactly the pool
+    a = tokens(1, 32)
+    engine = _after(a, a + tokens(2, 15), 1, num_blocks=3, block_size=16)
+    engine.step()
+    plan = engine.executor.plans[-1]
+    assert plan.admitted == ["B"] and plan.scheduled == {"B": 15} and plan.starts == {"B": 32}
+    assert engine.sequences("B")[0].num_cached_prompt_tokens == 32
+    run_to_end(engine)
+    assert_pool_drained(engine)
+
+
+@pytest.mark.parametrize("num_blocks, cached", [(4, 32), (5, 40)])
+def test_a_partial_hit_is_shared_exactly_when_its_copy_still_fits(num_blocks, cached):
+    # B = A's 40 prompt tokens + 10, 14 out (64 tokens: 4 blocks of 16). A's third block matches
+    # B in its first 8 tokens; sharing it holds it and copies it at B's first write: 5 blocks.
+    # On 5 blocks that fits and B starts at token 40; on 4 the part-match is dropped (start 32).
+    a = tokens(1, 40)
+    engine = _after(a, a + tokens(2, 10), 14, num_blocks=num_blocks, block_size=16, prefix_match="token")
+    engine.step()
+    plan = engine.executor.plans[-1]
+    assert plan.admitted == ["B"] and plan.starts == {"B": cached} and plan.scheduled == {"B": 50 - cached}
+    assert engine.sequences("B")[0].num_cached_prompt_tokens == cached
+    run_to_end(engine)
+    assert engine.sequences("B")[0].num_output_tokens == 14
+    assert_pool_drained(engine)
+
+
+def test_a_blocked_admission_leaves_the_request_as_it_was():
+    # A holds 5 of the 6 blocks once it decodes; B shares A's first 2 blocks but needs 3 more:
+    # blocked (fcfs never preempts for a waiting request). B keeps no block, no reference on the
+    # blocks of its hit, and no computed token (a policy reads what a waiting request has left)
+    engine = make_engine(num_blocks=6)
+    a = tokens(1, 16)
+    engine.add_request(request("A", a, max_new=8))
+    engine.step()
+    engine.add_request(request("B", a[:8] + tokens(2, 12), max_new=2))
+    engine.step()
+    assert engine.executor.plans[-1].admitted == []
+    b, a_seq = engine.sequences("B")[0], engine.sequences("A")[0]
+    assert b.state is WAITING and b.num_computed_tokens == 0 and b.block_table == []
+    assert len(a_seq.block_table) == 5
+    assert [engine.pool.ref_count(x) for x in a_seq.block_table] == [1] * 5
+    run_to_end(engine)
+    assert_pool_drained(engine)
