@@ -308,3 +308,32 @@ def test_a_blocked_admission_leaves_the_request_as_it_was():
     assert [engine.pool.ref_count(x) for x in a_seq.block_table] == [1] * 5
     run_to_end(engine)
     assert_pool_drained(engine)
+
+
+class VictimR1:
+    """`select_victim`: r1 for r2 (r1 was admitted earlier in the same step)."""
+
+    name = "victim_r1"
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        if requester.request_id == "r2":
+            return next((s for s in ctx.running if s.request_id == "r1"), None)
+        return None
+
+
+def test_a_candidate_whose_hit_loses_its_registrant_matches_again_from_scratch():
+    # r1 computes the 8-token prefix into 2 blocks registered in this step; r2, later in the same
+    # step, hits them, lacks a third block and the plugin names r1 as the victim. r1's blocks
+    # will not be written now: r2 must match again (nothing) and compute from token 0
+    prefix = tokens(1, 8)
+    engine = make_engine(num_blocks=5, plugins=[VictimR1()])
+    engine.add_request(request("r1", prefix + [1], max_new=2))
+    engine.add_request(request("r2", prefix + tokens(2, 11), max_new=1))
+    engine.step()
+    plan = engine.executor.plans[0]
+    assert plan.preempted == [("r1", "WAITING")]
+    assert plan.admitted == ["r2"] and plan.scheduled == {"r2": 19} and plan.starts == {"r2": 0}
+    assert engine.sequences("r2")[0].num_cached_prompt_tokens == 0
+    run_to_end(engine)
+    assert_pool_drained(engine)
