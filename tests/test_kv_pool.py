@@ -2,6 +2,7 @@
 
 import pytest
 
+from metroline.core.step.plan import StepPlan
 from metroline.kv_backends import COPY, SWAP_IN, SWAP_OUT, BlockPool, PrefixHit, SwapSpace
 
 BS = 4
@@ -554,6 +555,14 @@ def test_release_of_a_free_block_asserts():
     pool = BlockPool(4, BS)
     with pytest.raises(AssertionError):
         pool.release([0])
+
+
+def test_the_block_operation_kinds_are_told_apart():
+    # a plan's operations are (kind, src, dst) tuples; an executor and the plan's accessors
+    # dispatch on the kind, so a copy must never read as a swap
+    plan = StepPlan(1, BS)
+    plan.block_ops = [(COPY, 1, 2), (SWAP_OUT, 3, 4), (SWAP_IN, 5, 6)]
+    assert (plan.copies(), plan.swap_outs(), plan.swap_ins()) == ([(1, 2)], [(3, 4)], [(5, 6)])
 
 
 def test_swap_space():
