@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_pool_drained, make_engine, request, run_to_end, tokens
 
-from metroline.core.errors import PluginError
+from metroline.core.errors import NoProgressError, PluginError
 from metroline.core.plugins.budget import Split
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.plugins.preemption import Preempt, is_protected, older, substitute
@@ -16,6 +16,7 @@ from metroline.core.requests.request import SamplingParams
 from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
 from metroline.core.step.plan import StepPlan
 from metroline.core.step.scheduler import Scheduler
+from metroline.core.step.stall import is_stalled
 from metroline.core.step.step_state import StepState
 
 
@@ -337,3 +338,78 @@ def test_a_candidate_whose_hit_loses_its_registrant_matches_again_from_scratch()
     assert engine.sequences("r2")[0].num_cached_prompt_tokens == 0
     run_to_end(engine)
     assert_pool_drained(engine)
+
+
+class Waiting:
+    """`order_running`: the running sequences and a waiting one."""
+
+    name = "waiting_too"
+
+    @hookimpl
+    def order_running(self, ctx, running):
+        return [*running, *ctx.waiting]
+
+
+def test_an_order_running_answer_naming_a_waiting_sequence_is_refused():
+    engine = make_engine(plugins=[Waiting()], max_num_seqs=1)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 4, max_new=4))  # no slot: waits
+    engine.step()
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("waiting_too", "order_running")
+    assert "is not a running sequence" in info.value.problem
+
+
+class OnePrefill:
+    """`split_budget`: the default split, at most one prefill chunk a step."""
+
+    name = "one_prefill"
+
+    @hookimpl
+    def split_budget(self, ctx, budget, num_decoding):
+        decode = min(budget, num_decoding)
+        return Split(decode, budget - decode, 4, 1)
+
+
+def test_max_prefills_caps_admissions_while_prefill_tokens_are_left():
+    engine = make_engine(plugins=[OnePrefill()], enable_prefix_caching=False)
+    engine.add_request(request("A", 8, max_new=2))
+    engine.add_request(request("B", 8, max_new=2))
+    run_to_end(engine)
+    # B waits although 60 prefill tokens are left in step 1: one chunk a step
+    assert [(p.admitted, p.scheduled) for p in engine.executor.plans] == [
+        (["A"], {"A": 4}), ([], {"A": 4}), (["B"], {"A": 1, "B": 4}), ([], {"B": 4}), ([], {"B": 1}),
+    ]
+    assert_pool_drained(engine)
+
+
+# --- the stall test and its error (metroline.core.step.stall) -----------------------------------
+
+
+def test_a_stall_is_max_idle_steps_of_nothing_or_that_plus_a_pool_of_recomputation():
+    assert not is_stalled(9, 10, True, 100)
+    assert is_stalled(10, 10, True, 100)  # nothing scheduled for max_idle_steps steps
+    assert not is_stalled(10, 10, False, 100)  # recomputation: up to max_kv_tokens steps more
+    assert not is_stalled(109, 10, False, 100)
+    assert is_stalled(110, 10, False, 100)
+
+
+def test_the_stall_error_names_the_three_oldest_requests_in_arrival_order():
+    class Nobody:
+        name = "nobody"
+
+        @hookimpl
+        def admission(self):
+            return ()
+
+    engine = make_engine(plugins=[Nobody()])
+    for rid in ("r0", "r1", "r2", "r3"):
+        engine.add_request(request(rid, 3))
+    with pytest.raises(NoProgressError) as err:
+        engine.run()
+    text = str(err.value)
+    assert text.startswith("1000 steps scheduled nothing with 0 running, 4 waiting and 0 swapped requests")
+    oldest = text.split("oldest: ")[1].split("; ")
+    assert [entry.split(" ")[0] for entry in oldest] == ["r0", "r1", "r2"]
+    assert all(entry.endswith("admission offered nothing and nothing runs") for entry in oldest)
