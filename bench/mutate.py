@@ -388,14 +388,20 @@ class Workspace:
     def restore(self, module: str):
         shutil.copyfile(self.root / module, self.tree / module)
 
-    def pytest(self, files: list[str], timeout: float) -> tuple[str, float]:
-        """'passed', 'failed' or 'timeout' for `pytest -x` on these files, and the seconds."""
+    def pytest(self, files: list[str], timeout: float, log: Path | None = None) -> tuple[str, float]:
+        """'passed', 'failed' or 'timeout' for `pytest -x` on these files, and the seconds
+        (`log`: a file for pytest's output, which is dropped otherwise)."""
         env = dict(os.environ, PYTHONPATH=str(self.dir / "path"), PYTHONDONTWRITEBYTECODE="1",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
         started = time.monotonic()
-        self.proc = proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        out = open(log, "w") if log is not None else subprocess.DEVNULL
+        try:
+            self.proc = proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=out,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not None:
+                out.close()
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -500,10 +506,12 @@ def main(argv=None) -> int:
         for module in modules:
             for files in (config.tests[module], [] if args.own_only else config.wider[module]):
                 if files and tuple(files) not in timeouts:
-                    outcome, seconds = ws.pytest(files, timeout=3600)
+                    log = ws.dir / "baseline.log"
+                    outcome, seconds = ws.pytest(files, timeout=3600, log=log)
                     if outcome != "passed":
-                        print(f"the unmutated tree fails {' '.join(files)}: fix that first",
-                              file=sys.stderr)
+                        tail = "\n".join(log.read_text().splitlines()[-30:])
+                        print(f"{tail}\nthe unmutated tree fails {' '.join(files)}: fix that "
+                              "first", file=sys.stderr)
                         return 2
                     timeouts[tuple(files)] = max(config.timeout_floor,
                                                  seconds * config.timeout_factor)
