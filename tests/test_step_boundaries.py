@@ -413,3 +413,39 @@ def test_the_stall_error_names_the_three_oldest_requests_in_arrival_order():
     oldest = text.split("oldest: ")[1].split("; ")
     assert [entry.split(" ")[0] for entry in oldest] == ["r0", "r1", "r2"]
     assert all(entry.endswith("admission offered nothing and nothing runs") for entry in oldest)
+
+
+# --- the bound on admission's candidates (metroline.core.step.admission) ------------------------
+
+
+class Endless:
+    """`admission`: the first waiting request, again and again (an endless generator)."""
+
+    name = "endless"
+
+    def __init__(self):
+        self.pulled = 0
+
+    @hookimpl
+    def admission(self, ctx):
+        first = next(iter(ctx.waiting))
+
+        def candidates():
+            while True:
+                self.pulled += 1
+                yield first
+
+        return candidates()
+
+
+def test_admission_may_pull_twice_the_queued_requests_plus_eight_candidates():
+    # one request queued: 2 x 1 + 8 = 10 candidates (the first admits it, the other nine are
+    # stale); the eleventh pull is an endless generator's
+    endless = Endless()
+    engine = make_engine(plugins=[endless])
+    engine.add_request(request("A", 4, max_new=4))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("endless", "admission")
+    assert "more candidates than are queued" in info.value.problem
+    assert endless.pulled == 10
