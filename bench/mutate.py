@@ -46,6 +46,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -452,6 +453,10 @@ def select(config: Config, module: str, sample: int | None, seed: int, only: str
     return live, equivalent, len(mutants)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (and SIGINT, which a background job ignores) stop a run
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -495,6 +500,7 @@ def main(argv=None) -> int:
                 print(f"{m.diff()}   (equivalent: {reason})")
         return 0
 
+    signal.signal(signal.SIGTERM, _interrupt)
     workspaces = queue.Queue()
     made = [Workspace() for _ in range(max(1, args.jobs))]
     for ws in made:
