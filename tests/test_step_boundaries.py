@@ -449,3 +449,48 @@ def test_admission_may_pull_twice_the_queued_requests_plus_eight_candidates():
     assert (info.value.plugin, info.value.hook) == ("endless", "admission")
     assert "more candidates than are queued" in info.value.problem
     assert endless.pulled == 10
+
+
+# --- split_budget's answer, checked against the budget (metroline.core.step.split) -------------
+
+
+class Answer:
+    """`split_budget`: a fixed answer."""
+
+    name = "fixed_split"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    @hookimpl
+    def split_budget(self, ctx, budget):
+        return self.answer
+
+
+def test_a_plain_three_tuple_split_is_accepted():
+    engine = make_engine(plugins=[Answer((0, 64, 4))])  # (decode, prefill, max_chunk)
+    engine.add_request(request("A", 8, max_new=1))
+    engine.step()
+    assert engine.executor.plans[0].scheduled == {"A": 4}
+
+
+@pytest.mark.parametrize("answer", [
+    Split(-1, 8, 8), Split(0, -1, 8), Split(32, 33, 8), Split(0, 8, 0), Split(0, 8, 8, -1), (0, 8),
+])
+def test_a_split_outside_the_budget_is_refused(answer):
+    engine = make_engine(plugins=[Answer(answer)])  # budget: 64 tokens
+    engine.add_request(request("A", 8, max_new=1))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("fixed_split", "split_budget")
+
+
+@pytest.mark.parametrize("answer, rescues", [(Split(0, 64, 1), 0), (Split(32, 32, 8, 0), 1), (Split(64, 0, 8), 1)])
+def test_a_split_at_the_edges_of_the_budget_is_accepted(answer, rescues):
+    # a chunk of 1, no prefill chunk at all, no prefill token at all: accepted; the last two
+    # leave the step empty, and the core serves the oldest request itself (a chunk of 8)
+    engine = make_engine(plugins=[Answer(answer)])
+    engine.add_request(request("A", 8, max_new=1))
+    engine.step()
+    assert engine.executor.plans[0].scheduled == {"A": 1 if answer.max_chunk == 1 else 8}
+    assert engine.scheduler.rescues == rescues
