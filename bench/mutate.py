@@ -542,8 +542,10 @@ def main(argv=None) -> int:
                 return  # its test run was killed by Ctrl-C: no outcome
             with lock:
                 results.setdefault(module, []).append((mutant, outcome, by))
-                mark = {"killed": ".", "timeout": "T", "survived": "S"}[outcome]
-                print(mark, end="", flush=True)
+                if outcome == "survived":  # named at once, so a long run can be acted on early
+                    print(f"\nS {mutant.diff()}", flush=True)
+                else:
+                    print("." if outcome == "killed" else "T", end="", flush=True)
 
         started = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
