@@ -90,6 +90,20 @@ def test_peak_used_blocks_counts_the_cached_blocks_a_prefix_hit_takes_back():
     assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
 
 
+def test_peak_used_blocks_counts_the_blocks_a_swap_in_takes():
+    pool, swap = BlockPool(8, BS), SwapSpace(4)
+    assert pool.peak_used_blocks == 0  # a fresh pool has used nothing
+    table, ops = [], []
+    pool.allocate_slots(table, 0, 12, ops)
+    host = pool.swap_out(table, swap, ops)
+    other = []
+    pool.allocate_slots(other, 0, 8, ops)
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (2, 3)
+    back = pool.swap_in(host, swap, ops)
+    assert len(back) == 3
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
+
+
 # -- prefix hits --------------------------------------------------------------------------------
 
 
