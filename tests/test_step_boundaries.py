@@ -494,3 +494,40 @@ def test_a_split_at_the_edges_of_the_budget_is_accepted(answer, rescues):
     engine.step()
     assert engine.executor.plans[0].scheduled == {"A": 1 if answer.max_chunk == 1 else 8}
     assert engine.scheduler.rescues == rescues
+
+
+class Names:
+    """`select_victim`: whatever `pick(ctx)` returns."""
+
+    name = "names"
+
+    def __init__(self, pick):
+        self.pick = pick
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        return self.pick(ctx)
+
+
+@pytest.mark.parametrize("pick, problem", [
+    (lambda ctx: next(iter(ctx.waiting)), "is not a running sequence"),
+    (lambda ctx: Preempt(next(iter(ctx.running)), "evict"), "unknown preemption mode 'evict'"),
+])
+def test_a_victim_that_is_not_running_or_a_mode_that_does_not_exist_is_refused(pick, problem):
+    engine = make_engine(plugins=[Names(pick)], max_num_seqs=1)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 4, max_new=4))  # no slot: B asks for a victim
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("names", "select_victim")
+    assert problem in info.value.problem
+
+
+def test_no_victim_named_preempts_a_running_requester_and_leaves_a_waiting_one_waiting():
+    engine = make_engine(plugins=[Names(lambda ctx: None)], max_num_seqs=1)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 4, max_new=4))
+    engine.step()
+    a, b = engine.sequences("A")[0], engine.sequences("B")[0]
+    assert engine.scheduler.room.victim(a, "blocks") == Preempt(a, "recompute")
+    assert engine.scheduler.room.victim(b, "slots") is None
