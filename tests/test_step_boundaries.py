@@ -17,7 +17,7 @@ from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
 from metroline.core.step.plan import StepPlan
 from metroline.core.step.scheduler import Scheduler
 from metroline.core.step.stall import is_stalled
-from metroline.core.step.step_state import StepState
+from metroline.core.step.step_state import Reserves, StepState
 
 
 class Twice:
@@ -531,3 +531,41 @@ def test_no_victim_named_preempts_a_running_requester_and_leaves_a_waiting_one_w
     a, b = engine.sequences("A")[0], engine.sequences("B")[0]
     assert engine.scheduler.room.victim(a, "blocks") == Preempt(a, "recompute")
     assert engine.scheduler.room.victim(b, "slots") is None
+
+
+# --- reserves, a fresh plan, arrivals -------------------------------------------------------------
+
+
+def test_a_tenants_reserve_is_charged_only_for_what_was_scheduled():
+    engine = make_engine()
+    for rid in ("p", "d", "idle"):
+        engine.add_request(request(rid, 4, max_new=4, tenant="a"))
+    p, d, idle = (engine.sequences(r)[0] for r in ("p", "d", "idle"))
+    state = StepState(StepPlan(1, 4), engine.scheduler.ctx, None)
+    state.set_budget(16, 32, 4)
+    reserves = Reserves({"a": 0.5, "b": 0.01}, 16, 32)
+    assert (reserves.decode, reserves.prefill) == ({"a": 8}, {"a": 16})  # b's share rounds to 0
+    reserves.spend(idle, state)  # not scheduled: nothing charged
+    assert (reserves.decode, reserves.prefill) == ({"a": 8}, {"a": 16})
+    state.schedule(p, 5, False)
+    reserves.spend(p, state)
+    state.schedule(d, 1, True)
+    reserves.spend(d, state)
+    assert (reserves.decode, reserves.prefill) == ({"a": 7}, {"a": 11})
+    assert reserves.left(p, False) == 11 and reserves.left(d, True) == 7
+    assert reserves.prefill_outstanding() == 11
+
+
+def test_a_fresh_plan_has_no_budget_left_and_nothing_in_it():
+    plan = StepPlan(3, 4)
+    assert (plan.decode_left, plan.prefill_left, plan.prefills_left) == (0, 0, 0)
+    assert (plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_draft_tokens) == (0, 0, 0)
+    assert plan.is_empty and plan.num_tokens == 0
+
+
+def test_a_request_arriving_later_is_not_scheduled_before_its_arrival_time():
+    engine = make_engine()
+    engine.add_request(request("later", 4, max_new=2, arrival_time=0.5))
+    engine.run()
+    later = engine.sequences("later")[0]
+    assert later.first_scheduled_time >= 0.5
