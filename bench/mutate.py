@@ -490,6 +490,12 @@ def main(argv=None) -> int:
                              f"{args.config.name}")
 
     plan = {m: select(config, m, args.sample, args.seed, args.only) for m in modules}
+    if not args.only:  # an entry whose line changed names no mutant any more: say so
+        named = {m.key for _, equivalent, _ in plan.values() for m, _ in equivalent}
+        for key in config.equivalent:
+            if key[0] in plan and key not in named:
+                print(f"bench/mutation.toml: no mutant matches the equivalent entry {key}",
+                      file=sys.stderr)
     if args.list:
         for module, (live, equivalent, total) in plan.items():
             print(f"# {module}: {total} mutants, {len(equivalent)} equivalent, "
