@@ -616,6 +616,18 @@ def test_cached_blocks_counts_the_indexed_prefix_and_nothing_without_prefix_cach
     assert off.cached_blocks(chain) == 0
 
 
+def test_caching_blocks_the_table_or_the_tokens_do_not_fill_is_refused():
+    pool = BlockPool(8, BS)
+    table = []
+    pool.allocate_slots(table, 0, 8, [])  # two blocks
+    with pytest.raises(AssertionError, match="not full"):
+        pool.cache_full_blocks(table, A, 0, 3)  # a third block the table does not have
+    with pytest.raises(AssertionError, match="not full"):
+        pool.cache_full_blocks(table, A[:7], 0, 2)  # the second block holds 3 tokens
+    pool.cache_full_blocks(table, A[:8], 0, 2)
+    assert pool.lookup(A[:8] + [1]) == PrefixHit(table, 8)
+
+
 def test_the_block_operation_kinds_are_told_apart():
     # a plan's operations are (kind, src, dst) tuples; an executor and the plan's accessors
     # dispatch on the kind, so a copy must never read as a swap
