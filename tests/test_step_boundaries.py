@@ -569,3 +569,11 @@ def test_a_request_arriving_later_is_not_scheduled_before_its_arrival_time():
     engine.run()
     later = engine.sequences("later")[0]
     assert later.first_scheduled_time >= 0.5
+
+
+def test_ctx_fail_outside_the_sample_hook_is_a_runtime_error():
+    engine = make_engine()
+    engine.add_request(request("A", 4, max_new=2))
+    engine.step()
+    with pytest.raises(RuntimeError, match="during the sample hook"):
+        engine.scheduler.ctx.fail(engine.sequences("A")[0], "no grammar here")
