@@ -5,6 +5,7 @@ import pytest
 from metroline.core.step.plan import StepPlan
 from metroline.kv_backends import COPY, SWAP_IN, SWAP_OUT, BlockPool, PrefixHit, SwapSpace
 from metroline.kv_backends.prefix_index import block_chain
+from metroline.kv_backends.prefix_keys import BlockKey, same_prefix
 
 BS = 4
 
@@ -626,6 +627,19 @@ def test_caching_blocks_the_table_or_the_tokens_do_not_fill_is_refused():
         pool.cache_full_blocks(table, A[:7], 0, 2)  # the second block holds 3 tokens
     pool.cache_full_blocks(table, A[:8], 0, 2)
     assert pool.lookup(A[:8] + [1]) == PrefixHit(table, 8)
+
+
+def test_same_prefix_compares_hash_tokens_and_extra_key_up_to_a_shared_ancestor():
+    root = BlockKey(None, (1, 2, 3, 4), None, 11)
+    a = BlockKey(root, (5, 6, 7, 8), None, 22)
+    twin = BlockKey(root, (5, 6, 7, 8), None, 22)  # another object for the same prefix
+    assert same_prefix(a, a) and same_prefix(a, twin) and same_prefix(None, None)
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 8), None, 23))  # another hash
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 9), None, 22))  # other tokens
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 8), "salt", 22))  # another extra key
+    assert not same_prefix(a, None) and not same_prefix(None, a)
+    other_root = BlockKey(None, (1, 2, 3, 0), None, 11)
+    assert not same_prefix(a, BlockKey(other_root, (5, 6, 7, 8), None, 22))  # the parents differ
 
 
 def test_the_block_operation_kinds_are_told_apart():
