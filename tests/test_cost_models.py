@@ -178,6 +178,51 @@ def test_rooflineattention_pairs_are_causal():
     assert attention_pairs(counters_only) == 64
 
 
+TOY = dict(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+           vocab_size=100)
+"""A shape small enough to price by hand: a layer's matmuls hold 8 x (2 x 8 + 2 x 4) + 3 x 8 x 16 = 576
+weights; an LM-head row is 100 x 8."""
+
+
+def drafting_decode(ctx: int, k: int) -> StepPlan:
+    """One decode after `ctx` computed tokens verifying `k` drafts: `1 + k` tokens at positions
+    `ctx .. ctx + k`, counted as the scheduler counts them (`StepPlan`'s docstring)."""
+    plan = StepPlan(0, 16)
+    s = Sequence("d", [1] * ctx, SamplingParams(), 0.0)
+    s.token_ids.append(2)
+    s.num_computed_tokens = ctx
+    plan.scheduled[s] = 1 + k
+    plan.decodes.add(s)
+    plan.drafts[s] = k
+    plan.num_draft_tokens = k
+    plan.num_decode_tokens = 1 + k
+    plan.num_context_tokens = ctx + 1 + k
+    return plan
+
+
+def test_roofline_prices_each_draft_as_a_token_an_attention_row_and_a_logit_row():
+    """A decode after 10 tokens verifying 3 drafts computes 4 tokens, attends 4 x 10 + 4 x 5 / 2 = 50
+    query-key pairs under the causal mask (not the 14 context tokens a plain decode reads), and
+    needs a logit row per draft besides its own: 4 rows. On a GPU of 1e6 FLOP/s at full
+    efficiency (compute-bound): 2 x 2 x 576 FLOP a token, 2 x 100 x 8 a logit row, 4 x 2 layers
+    x 2 heads x 4 dims a pair: (4 x 2,304 + 4 x 1,600 + 50 x 64) / 1e6 s."""
+    m = make_cost_model("roofline", model=TOY, gpu={"flops": 1e6, "bandwidth": 1e12}, flops_efficiency=1.0,
+                        bandwidth_efficiency=1.0, overhead=0.0)
+    plan = drafting_decode(10, 3)
+    assert attention_pairs(plan) == 50
+    compute, memory, transfer = m.breakdown(plan)
+    assert compute == pytest.approx((4 * 2_304 + 4 * 1_600 + 50 * 64) / 1e6, rel=1e-12)
+    assert compute > memory and transfer == 0.0
+    # the same 4 tokens as a prefill chunk: the same pairs, one logit row
+    chunk = make_plan(prefills=[(10, 4)])
+    assert attention_pairs(chunk) == 50
+    assert m.breakdown(chunk)[0] == pytest.approx((4 * 2_304 + 1 * 1_600 + 50 * 64) / 1e6, rel=1e-12)
+    assert m.step_time(plan) - m.step_time(chunk) == pytest.approx(3 * 1_600 / 1e6, rel=1e-9)
+    # without drafts a decode is one token, one row, and its context's pairs
+    assert attention_pairs(drafting_decode(10, 0)) == 11
+    assert m.breakdown(drafting_decode(10, 0))[0] == pytest.approx((2_304 + 1_600 + 11 * 64) / 1e6, rel=1e-12)
+
+
 def test_roofline_gpus_models_and_block_ops():
     decode = make_plan(decodes=[1000] * 16)
     times = {g: make_cost_model("roofline", gpu=g).step_time(decode) for g in GPU_PRESETS}
