@@ -169,6 +169,30 @@ def test_the_relative_difference_is_none_when_the_baseline_mean_is_zero():
     assert d.as_dict()["relative"] is None and d.as_dict()["verdict"] == BETTER
 
 
+def test_a_baseline_with_negative_values_has_no_relative_difference():
+    """A relative change against values that can be negative says nothing (a mean near or below 0
+    makes the ratio unbounded or flips its sign): only the absolute difference is given, and the
+    verdict still follows it. B - A is 1.0 on every draw here."""
+    negative_mean = paired_difference([-5.0, -4.0, -6.0], [-4.0, -3.0, -5.0], "higher")
+    assert negative_mean.relative is None and negative_mean.verdict == BETTER
+    assert negative_mean.difference == Interval(1.0, 1.0, 1.0, 0.95, 3)
+    # one negative value under a positive mean (139 / 8): still no ratio, although no resample of
+    # these 8 draws has a mean <= 0 (that needs all 8 draws to be the -1.0: 8^-8 of them)
+    a = [-1.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0]
+    d = paired_difference(a, [x + 0.5 for x in a], "lower")
+    assert d.relative is None and d.verdict == WORSE
+    assert d.difference.estimate == 0.5 and d.as_dict()["relative"] is None
+
+
+def test_a_baseline_with_zeros_and_a_positive_mean_has_a_relative_difference():
+    """Zeros are not negative: a count that is 0 on one draw of 8 (mean 14 / 8 = 1.75) still has a
+    relative change, mean(d) / mean(a) = 0.35 / 1.75 = 0.2; its interval holds it."""
+    a = [0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    d = paired_difference(a, [x + 0.35 for x in a], "lower")
+    assert d.relative is not None and d.relative.estimate == pytest.approx(0.2, rel=1e-12)
+    assert d.relative.low < 0.2 < d.relative.high and d.verdict == WORSE
+
+
 def test_differences_of_float_rounding_make_no_verdict():
     a = [0.01, 0.01, 0.01]
     b = [0.009999999999999998, 0.009999999999999997, 0.009999999999999998]
