@@ -97,6 +97,21 @@ def test_a_tenant_that_becomes_backlogged_is_lifted_to_the_lowest_backlogged_cou
     assert policy.counters["A"] == 25.0
 
 
+@pytest.mark.parametrize("counters", [(10.0, 30.0), (30.0, 10.0)])
+def test_a_returning_tenant_is_lifted_to_the_minimum_of_several_backlogged_counters(counters):
+    """Two tenants backlogged at 10 and 30 (either first in the policy's order): an idle tenant
+    that gets a request is lifted to 10, the lowest backlogged counter. Lifting it to 30 would
+    charge it for service the tenant at 10 has not had either; it then takes the next pick's
+    tie with the older head."""
+    policy = WeightedFair(w_in=1, w_out=1)
+    policy.on_arrival(seqs=[seq("a1", "A", 0), seq("b1", "B", 1)])
+    policy.counters["A"], policy.counters["B"] = counters
+    policy.on_arrival(seqs=[seq("c1", "C", 2)])
+    assert policy.counters["C"] == 10.0
+    low = "a1" if counters[0] < counters[1] else "b1"
+    assert admit_all(policy, limit=2) == [low, "c1"]  # 10 vs 10: the older head, then C at 10 < 20
+
+
 def test_a_candidate_filtered_out_by_a_wrapper_takes_its_tenant_out_of_the_step():
     policy = WeightedFair(w_in=1, w_out=1)
     seqs = [seq("a1", "A", 0), seq("a2", "A", 1), seq("b1", "B", 2), seq("b2", "B", 3)]
