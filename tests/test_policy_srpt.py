@@ -5,12 +5,13 @@ the Azure conversation trace; the guard's bound)."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.core.config import EngineConfig
-from metroline.core.errors import PluginLoadError
+from metroline.core.errors import PluginError, PluginLoadError
 from metroline.core.experiments.runner import run_workload
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.requests.request import SamplingParams
@@ -130,6 +131,40 @@ def test_a_plugins_estimate_wins_over_srpts_own():
         engine.add_request(hinted(rid, prompt, None, arrival_time=0.0))
     run_to_end(engine)
     assert admitted(engine) == ["p4", "p8", "p12"]
+
+
+class FixedEstimator:
+    """Another plugin's estimate: always `answer`."""
+
+    name = "fixed_estimator"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    @hookimpl
+    def estimate_output_tokens(self, seq):
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "shown"), [(-1, "-1"), (True, "True"), (2.5, "2.5"), ("7", "'7'")])
+def test_an_estimate_that_is_not_an_int_of_at_least_zero_is_refused_naming_the_plugin(answer, shown):
+    """The hook's contract: an int >= 0 or None. srpt orders by the answer, so -1 would put the
+    request ahead of every true estimate; the engine refuses it at the hook, naming the plugin,
+    the hook and the limit, before srpt uses it."""
+    engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[FixedEstimator(answer)])
+    engine.add_request(hinted("r", 4, None, arrival_time=0.0))
+    with pytest.raises(PluginError, match=(r"plugin 'fixed_estimator', hook 'estimate_output_tokens': "
+                                           rf"expected an int >= 0, got {re.escape(shown)}")):
+        run_to_end(engine)
+
+
+def test_an_estimate_of_zero_is_used():
+    """0 is the smallest valid estimate: a request expected to generate nothing more is shortest."""
+    engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[FixedEstimator(0)])
+    engine.add_request(hinted("long-prompt", 40, None, arrival_time=0.0))
+    engine.add_request(hinted("hinted", 4, 3, arrival_time=0.0))
+    run_to_end(engine)
+    assert admitted(engine) == ["long-prompt", "hinted"]
 
 
 def test_a_hint_wins_over_any_estimate():
