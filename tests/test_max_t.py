@@ -123,6 +123,39 @@ def test_sixteen_draws_are_still_enumerated_exactly():
     assert len({row.tobytes() for row in drawn}) < RANDOM_FLIPS
 
 
+def test_the_granularity_does_not_jump_where_enumeration_stops():
+    """Beyond `EXACT_DRAWS` the patterns are drawn, as many as 16 draws enumerate (2^15), so the
+    smallest p-value is 2^-15 on both sides of the switch."""
+    assert smallest_p(EXACT_DRAWS) == smallest_p(EXACT_DRAWS + 1) == 2.0 ** -15
+    assert sign_patterns(EXACT_DRAWS + 1).shape == (2 ** 15, EXACT_DRAWS + 1)
+
+
+def test_one_draw_has_one_pattern_and_none_is_an_error():
+    assert sign_patterns(1).tolist() == [[1.0]]
+    assert sign_patterns(2).tolist() == [[1.0, 1.0], [1.0, -1.0]]
+    with pytest.raises(ValueError, match="at least one draw, got 0"):
+        sign_patterns(0)
+
+
+def test_a_column_of_equal_nonzero_values_has_infinite_t_where_it_is_not_flipped_to_zero():
+    """Four draws of 0.1 (any size, however small): on the observed pattern and its negation the
+    flipped values are all equal, sd 0, so |t| is infinite; a pattern with two flips sums to 0
+    (|t| 0); one flip or three leave mean +-0.05 and sd sqrt((0.04 - 0.2^2 / 4) / 3) = 0.1:
+    |t| = 0.05 / (0.1 / sqrt(4)) = 1."""
+    d = np.full((4, 1), 0.1)
+    t = abs_t(d, sign_patterns(4))[:, 0]
+    patterns = [tuple(row) for row in sign_patterns(4)]
+    for row, value in zip(patterns, t):
+        flips = row.count(-1.0)
+        if flips == 0:
+            assert value == np.inf
+        elif flips == 2:
+            assert value == 0.0
+        else:
+            assert value == pytest.approx(1.0, rel=1e-9)
+    assert max_t_adjusted(d)[0] == 2 / 16
+
+
 def _decimal_sign_flip_p(column: list[str]) -> Fraction:
     """A single verdict's sign-flip p-value in exact decimal arithmetic: the share of all 2^K sign
     patterns whose |sum| reaches the observed one (|t| grows with |sum|: the sum of squares is

@@ -59,7 +59,8 @@ def sign_patterns(k: int) -> np.ndarray:
     if k < 1:
         raise ValueError(f"sign_patterns needs at least one draw, got {k}")
     if k <= EXACT_DRAWS:
-        rest = np.array(list(itertools.product((1.0, -1.0), repeat=k - 1)), dtype=float).reshape(-1, k - 1)
+        rest = np.array(list(itertools.product((1.0, -1.0), repeat=k - 1)), dtype=float)
+        rest = rest.reshape(2 ** (k - 1), k - 1)  # k = 1: one empty row
         return np.hstack([np.ones((len(rest), 1)), rest])
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     drawn = rng.choice((1.0, -1.0), size=(RANDOM_FLIPS - 1, k))
