@@ -41,6 +41,25 @@ def test_t_quantile_refuses_a_probability_outside_its_range():
         t_quantile(0.3, 4)
     with pytest.raises(ValueError):
         t_quantile(0.975, 0)
+    with pytest.raises(ValueError, match=r"0.5 <= p < 1 and df >= 1, got p=1.0, df=4"):
+        t_quantile(1.0, 4)  # the quantile at 1 is infinite
+
+
+@pytest.mark.parametrize("expanded", [False, True])
+@pytest.mark.parametrize("statistic", ["mean", 90])
+def test_the_interval_of_mirrored_values_is_the_mirrored_interval(expanded, statistic):
+    """The bootstrap draws its resamples' indices from a fixed seed, whatever the values, so the
+    resamples of 10 - x are the mirror images of those of x, and so are their statistics (a mean,
+    or the 90th percentile against the 10th). An interval with equal tails is then mirrored
+    exactly: its low end is 10 minus the other's high end. Tails of unequal size would not be."""
+    x = np.random.default_rng(11).exponential(size=12)
+    mirrored_statistic = statistic if statistic == "mean" else 100 - statistic
+    a = bootstrap_ci(x, statistic, expanded=expanded)
+    b = bootstrap_ci(10.0 - x, mirrored_statistic, expanded=expanded)
+    assert b.estimate == pytest.approx(10.0 - a.estimate, rel=1e-12)
+    assert b.low == pytest.approx(10.0 - a.high, rel=1e-12)
+    assert b.high == pytest.approx(10.0 - a.low, rel=1e-12)
+    assert a.low < a.estimate < a.high
 
 
 def test_the_expanded_tail_is_smaller_than_alpha_and_approaches_it_with_many_values():
