@@ -388,14 +388,20 @@ class Workspace:
     def restore(self, module: str):
         shutil.copyfile(self.root / module, self.tree / module)
 
-    def pytest(self, files: list[str], timeout: float) -> tuple[str, float]:
-        """'passed', 'failed' or 'timeout' for `pytest -x` on these files, and the seconds."""
+    def pytest(self, files: list[str], timeout: float, log: Path | None = None) -> tuple[str, float]:
+        """'passed', 'failed' or 'timeout' for `pytest -x` on these files, and the seconds
+        (`log`: a file for pytest's output, which is dropped otherwise)."""
         env = dict(os.environ, PYTHONPATH=str(self.dir / "path"), PYTHONDONTWRITEBYTECODE="1",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        out = open(log, "w") if log is not None else subprocess.DEVNULL
+        try:
+            self.proc = proc = subprocess.Popen(cmd, cwd=self.tree, env=env, stdout=out,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not None:
+                out.close()
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -404,7 +410,14 @@ class Workspace:
             return "timeout", time.monotonic() - started
         return ("passed" if code == 0 else "failed"), time.monotonic() - started
 
+    def stop(self):
+        """Kill the test run in progress, if any."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
     def close(self):
+        self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -426,9 +439,11 @@ def run_mutant(ws: Workspace, mutant: Mutant, own: list[str], wider: list[str],
         ws.restore(mutant.module)
 
 
-def select(config: Config, module: str, sample: int | None, seed: int):
-    """(mutants to run, equivalent mutants with reasons) for one module."""
+def select(config: Config, module: str, sample: int | None, seed: int, only: str | None = None):
+    """(mutants to run, equivalent mutants with reasons, how many it has) for one module."""
     mutants = generate(module, (ROOT / module).read_text())
+    if only:
+        mutants = [m for m in mutants if re.search(only, m.diff())]
     equivalent = [(m, config.equivalent[m.key]) for m in mutants if m.key in config.equivalent]
     live = [m for m in mutants if m.key not in config.equivalent]
     if sample is not None and sample < len(live):
@@ -447,6 +462,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, help="at most N mutants a module, drawn by --seed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--only", metavar="REGEX",
+                        help="only the mutants whose report line (file:line: [operator] ...) matches")
     parser.add_argument("--list", action="store_true", help="print the mutants; run nothing")
     parser.add_argument("--own-only", action="store_true", help="skip the wider test files")
     parser.add_argument("--config", type=Path, default=CONFIG)
@@ -467,7 +484,7 @@ def main(argv=None) -> int:
                 parser.error(f"--module {module!r}: no test files mapped to it in "
                              f"{args.config.name}")
 
-    plan = {m: select(config, m, args.sample, args.seed) for m in modules}
+    plan = {m: select(config, m, args.sample, args.seed, args.only) for m in modules}
     if args.list:
         for module, (live, equivalent, total) in plan.items():
             print(f"# {module}: {total} mutants, {len(equivalent)} equivalent, "
@@ -489,10 +506,12 @@ def main(argv=None) -> int:
         for module in modules:
             for files in (config.tests[module], [] if args.own_only else config.wider[module]):
                 if files and tuple(files) not in timeouts:
-                    outcome, seconds = ws.pytest(files, timeout=3600)
+                    log = ws.dir / "baseline.log"
+                    outcome, seconds = ws.pytest(files, timeout=3600, log=log)
                     if outcome != "passed":
-                        print(f"the unmutated tree fails {' '.join(files)}: fix that first",
-                              file=sys.stderr)
+                        tail = "\n".join(log.read_text().splitlines()[-30:])
+                        print(f"{tail}\nthe unmutated tree fails {' '.join(files)}: fix that "
+                              "first", file=sys.stderr)
                         return 2
                     timeouts[tuple(files)] = max(config.timeout_floor,
                                                  seconds * config.timeout_factor)
@@ -502,24 +521,39 @@ def main(argv=None) -> int:
         lock = threading.Lock()
         results = {}
 
+        stopping = threading.Event()
+
         def work(module, mutant):
+            if stopping.is_set():
+                return
             ws = workspaces.get()
             try:
                 wider = [] if args.own_only else config.wider[module]
                 outcome, by = run_mutant(ws, mutant, config.tests[module], wider, timeouts)
             finally:
                 workspaces.put(ws)
+            if stopping.is_set():
+                return  # its test run was killed by Ctrl-C: no outcome
             with lock:
                 results.setdefault(module, []).append((mutant, outcome, by))
                 mark = {"killed": ".", "timeout": "T", "survived": "S"}[outcome]
                 print(mark, end="", flush=True)
 
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        try:
             futures = [pool.submit(work, module, m)
                        for module, (live, _, _) in plan.items() for m in live]
             for f in futures:
                 f.result()
+        except KeyboardInterrupt:  # Ctrl-C: no new mutant, the running ones' tests are killed
+            stopping.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for ws in made:
+                ws.stop()
+            print("\ninterrupted: the report covers the mutants that ran")
+        else:
+            pool.shutdown()
         print()
         return report(plan, results, time.monotonic() - started, args)
     finally:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from metroline.core.step.plan import StepPlan
 from metroline.kv_backends import COPY, SWAP_IN, SWAP_OUT, BlockPool, PrefixHit, SwapSpace
 
 BS = 4
@@ -72,6 +73,21 @@ def test_peak_used_blocks():
     pool.allocate_slots(a := [], 0, 4, [])
     assert pool.num_used_blocks() == 3
     assert pool.peak_used_blocks == 5
+
+
+def test_peak_used_blocks_counts_the_cached_blocks_a_prefix_hit_takes_back():
+    # the run's `kv_peak_blocks`: blocks a hit acquires from the cache count as used, like new ones
+    pool = BlockPool(8, BS)
+    t1, _, _ = admit(pool, A)
+    pool.release(t1)  # A's 3 blocks cached, none used
+    other = []
+    pool.allocate_slots(other, 0, 8, [])
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (2, 3)
+    hit = pool.lookup(A + [5])
+    pool.acquire(hit.block_ids)
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
+    pool.acquire(hit.block_ids)  # a second reference takes no further block
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
 
 
 # -- prefix hits --------------------------------------------------------------------------------
@@ -539,6 +555,14 @@ def test_release_of_a_free_block_asserts():
     pool = BlockPool(4, BS)
     with pytest.raises(AssertionError):
         pool.release([0])
+
+
+def test_the_block_operation_kinds_are_told_apart():
+    # a plan's operations are (kind, src, dst) tuples; an executor and the plan's accessors
+    # dispatch on the kind, so a copy must never read as a swap
+    plan = StepPlan(1, BS)
+    plan.block_ops = [(COPY, 1, 2), (SWAP_OUT, 3, 4), (SWAP_IN, 5, 6)]
+    assert (plan.copies(), plan.swap_outs(), plan.swap_ins()) == ([(1, 2)], [(3, 4)], [(5, 6)])
 
 
 def test_swap_space():

@@ -107,7 +107,8 @@ def order_running(ctx: StepContext, running: list[Sequence]) -> Iterable[Sequenc
 
     Returns:
         An iterable over (a permutation or subset of) `running` (in admission order); sequences
-        left out get no tokens this step. It matters when the shares cannot serve every running
+        left out get no tokens this step. A sequence that is not in `running`, or one listed
+        twice, is a `PluginError`. It matters when the shares cannot serve every running
         sequence, and for preemption (one served later may become a victim).
 
     Called once per step, when sequences run, after `split_budget`.

@@ -30,15 +30,20 @@ def serve_running(
     if step.reserves is not None:
         order = step.reserves.served_first(order, step)
     members = None if order is seqs else set(seqs)  # the list as given needs no check
-    scheduled, grow, schedule = step.plan.scheduled, room.grow, step.schedule
+    listed: set[Sequence] = set()
+    grow, schedule = room.grow, step.schedule
     allocate, ops = pool.allocate_slots, step.plan.block_ops  # `grow` without a call, when blocks are free
     max_chunk = step.max_chunk
     speculate = speculation.serve if speculation is not None and speculation.drafts else None
     for seq in order:
-        if members is not None and seq not in members:
-            raise plugins.invalid("order_running", f"{seq!r} is not a running sequence")
-        if seq.state is not RUNNING or seq in scheduled:
-            continue  # preempted as a victim earlier in this step, or listed twice
+        if members is not None:
+            if seq not in members:
+                raise plugins.invalid("order_running", f"{seq!r} is not a running sequence")
+            if seq in listed:  # the answer is a permutation or subset of `running`
+                raise plugins.invalid("order_running", f"{seq!r} is listed twice")
+            listed.add(seq)
+        if seq.state is not RUNNING:
+            continue  # preempted as a victim earlier in this step
         known = len(seq.token_ids)
         computed = seq.num_computed_tokens
         if computed == known - 1 and known > seq.num_prompt_tokens:  # decoding
