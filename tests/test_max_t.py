@@ -156,6 +156,19 @@ def test_a_column_of_equal_nonzero_values_has_infinite_t_where_it_is_not_flipped
     assert max_t_adjusted(d)[0] == 2 / 16
 
 
+@pytest.mark.parametrize(("e", "flat"), [(0.99e-6, True), (1.01e-6, False)])
+def test_values_equal_up_to_the_rounding_tolerance_count_as_equal(e, flat):
+    """Draws 1 + e, 1 - e, 1 + e, 1 - e: unflipped, sum 4, sum of squares 4 (1 + e^2), sample
+    variance (4 e^2) / 3; the tolerance, 1e-12 x 4 (1 + e^2) / 3, holds it up to e = 1e-6 (to
+    within e^2 of 1). Below, the values are one value: |t| infinite; above, |t| = 1 / sqrt(e^2 / 3)."""
+    d = np.array([1 + e, 1 - e, 1 + e, 1 - e])[:, None]
+    t = abs_t(d, np.ones((1, 4)))[0, 0]
+    if flat:
+        assert t == np.inf
+    else:
+        assert t == pytest.approx(1 / np.sqrt(e * e / 3), rel=1e-3)
+
+
 def _decimal_sign_flip_p(column: list[str]) -> Fraction:
     """A single verdict's sign-flip p-value in exact decimal arithmetic: the share of all 2^K sign
     patterns whose |sum| reaches the observed one (|t| grows with |sum|: the sum of squares is

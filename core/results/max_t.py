@@ -70,7 +70,8 @@ def sign_patterns(k: int) -> np.ndarray:
 def abs_t(differences: np.ndarray, signs: np.ndarray) -> np.ndarray:
     """|t| of every column of `differences` (K draws x m verdicts) on every sign pattern (rows of
     `signs`, B x K): a B x m matrix. A column of zeros has |t| 0; a pattern on which a column's
-    flipped values are all equal (sd 0) but not 0 has |t| infinite."""
+    flipped values are all equal but not 0 has |t| infinite. Equal up to float rounding counts as
+    equal: a sample variance of at most 1e-12 x the column's sum of squares / (K - 1)."""
     d = np.asarray(differences, dtype=float)
     k = d.shape[0]
     sums = signs @ d  # B x m
