@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import random
 
+import numpy as np
+
 import pytest
 from pydantic import ValidationError
 
@@ -71,6 +73,17 @@ def test_steps_model():
     assert m.step_time(make_plan(block_ops=[(COPY, 1, 2)])) == 0.25
     assert make_cost_model("steps").step_time(make_plan(prefills=[(0, 9)])) == 0.01
     assert m.describe() == {"name": "steps", "step_time": 0.25}
+
+
+@pytest.mark.parametrize("name", ["steps", "linear", "roofline"])
+def test_a_cost_models_parameters_are_frozen(name):
+    """A model derives its constants from its config when built (roofline's FLOP/s and bytes per
+    token): a parameter changed afterwards would be silently ignored, so changing one is an error
+    naming it."""
+    m = make_cost_model(name)
+    field = next(iter(type(m.config).model_fields))
+    with pytest.raises(ValidationError, match=rf"{field}\n.*frozen"):
+        setattr(m.config, field, getattr(m.config, field))
 
 
 def test_steps_model_rejects_bad_params():
@@ -325,6 +338,25 @@ def test_calibrated_noisy_fit(tmp_path):
     assert 0.9 < d["r2"] < 1.0
     for k, v in TRUE.items():
         assert d[k] == pytest.approx(v, rel=0.1), k
+
+
+def test_calibrated_fits_relative_errors_as_numpy_weighted_least_squares_does(tmp_path):
+    """The fit minimises squared relative errors: numpy's least squares on the rows divided by
+    their durations gives the same coefficients (all positive here, so no clamping), and an
+    absolute fit of the same noisy log gives other ones (the long steps would dominate it)."""
+    path = write_log(tmp_path / "steps.csv", TRUE, n=120, seed=5, noise=0.2)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    x = np.array([[1.0, float(r["prefill_tokens"]), float(r["decode_tokens"]), float(r["context_tokens"])]
+                  for r in rows])
+    y = np.array([float(r["duration_s"]) for r in rows])
+    relative = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)[0]
+    absolute = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert np.all(relative > 0) and np.all(absolute > 0)
+    fitted = CalibratedCostModel.from_steps_csv(path).coefficients()
+    got = np.array([fitted[k] for k in ("per_step", "per_prefill_token", "per_decode_token", "per_kv_token")])
+    assert got == pytest.approx(relative, rel=1e-6)
+    assert np.max(np.abs(absolute / relative - 1)) > 0.01
 
 
 def test_calibrated_errors(tmp_path):
