@@ -248,6 +248,7 @@ def test_a_preempted_request_never_preempts_its_preemptor_back():
         ({"preempt_threshold": 0.0}, "preempt_threshold"),
         ({"preempt_threshold": -2}, "preempt_threshold"),
         ({"preempt_threshold": math.nan}, "preempt_threshold"),
+        ({"preempt_threshold": math.inf}, "preempt_threshold"),  # never preempting is None
         ({"speed": 1}, "speed"),
     ],
 )

@@ -168,6 +168,8 @@ def test_with_preempt_a_waiting_request_preempts_a_tenant_served_more():
     ({"weights": {"A": "two"}}, r"option 'weights.A': Input should be a valid number \(got 'two'\)"),
     ({"weights": [1, 2]}, r"option 'weights': Input should be a valid dictionary"),
     ({"w_in": -1}, r"option 'w_in': Input should be greater than or equal to 0 \(got -1\)"),
+    ({"w_in": -0.5}, r"option 'w_in': Input should be greater than or equal to 0 \(got -0.5\)"),
+    ({"w_in": float("nan")}, r"option 'w_in': Input should be a finite number \(got nan\)"),
     ({"w_out": float("inf")}, r"option 'w_out': Input should be a finite number \(got inf\)"),
     ({"w_in": 0, "w_out": 0}, r"option 'w_out': w_in and w_out are both 0"),
     ({"preempt": "yes"}, r"option 'preempt': Input should be a valid boolean \(got 'yes'\)"),
@@ -177,6 +179,18 @@ def test_bad_options_are_named(options, message):
     config = EngineConfig(policy="weighted_fair", plugin_options={"weighted_fair": options})
     with pytest.raises(PluginLoadError, match=message):
         PluginManager(config)
+
+
+@pytest.mark.parametrize(("w_in", "w_out", "counters"), [(1.0, 0.0, {"A": 10.0}), (0.0, 1.0, {"A": 3.0})])
+def test_one_weight_of_zero_is_allowed_and_counts_only_the_other_service(w_in, w_out, counters):
+    """Only both weights 0 is refused: `w_out = 0` counts prompt tokens alone (10 here), `w_in = 0`
+    the generated ones alone (3)."""
+    policy = WeightedFair(w_in=w_in, w_out=w_out)
+    a = seq("a", "A", 0)
+    policy.on_arrival(seqs=[a])
+    assert admit_all(policy) == ["a"]
+    policy.on_tokens(seqs=[a, a, a])
+    assert policy.counters == counters
 
 
 def test_options_from_the_config_file(tmp_path):
