@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_engine, request, run_to_end
@@ -15,7 +16,7 @@ from metroline.core.errors import PluginError, PluginLoadError
 from metroline.core.experiments.runner import run_workload
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.requests.request import SamplingParams
-from metroline.core.requests.sequence import Sequence
+from metroline.core.requests.sequence import SeqState, Sequence
 from metroline.core.workloads.build import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
@@ -233,6 +234,23 @@ def test_victim_ties_go_to_the_latest_arrival():
         engine.add_request(hinted(rid, 4, 20, max_new=20, arrival_time=0.0))
     run_to_end(engine)
     assert preempted(engine)[0] == (6, "z")
+
+
+def test_the_longest_remaining_time_wins_over_a_later_arrival():
+    """The victim's key is the remaining time first, arrival only on ties: the request with 30
+    output tokens to go is the victim although it arrived first, before ones with 10 and 5 to go."""
+    def running(rid: str, arrival: float, expected: int) -> Sequence:
+        s = Sequence(rid, [1] * 4, SamplingParams(max_new_tokens=40), arrival, expected_output_tokens=expected,
+                     arrival_no=int(arrival))
+        s.num_computed_tokens = 4  # prefilled: only output tokens remain
+        s.state = SeqState.RUNNING
+        return s
+
+    seqs = [running("early-long", 0.0, 30), running("mid", 2.0, 10), running("late-short", 5.0, 5)]
+    ctx = SimpleNamespace(running=seqs, config=SimpleNamespace(max_num_batched_tokens=64), hook=None)
+    policy = SRPT()
+    assert [policy.remaining(ctx, s) for s in seqs] == [30.0, 10.0, 5.0]
+    assert policy.select_victim(ctx=ctx, requester=seqs[2]) is seqs[0]
 
 
 def test_a_waiting_request_never_preempts_a_running_one():
