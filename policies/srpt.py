@@ -62,7 +62,8 @@ class SRPT:
       seconds since its arrival is promoted ahead of every other candidate, first come first served
       among the promoted ones, head-of-line like the rest.
     - **victim**: for a running request that needs a KV block, the running request with the longest
-      remaining processing time (possibly the requester itself). A waiting request never preempts a
+      remaining processing time (ties: the later `arrival_time`, then the later `arrival_no`, then
+      the higher sample `index`; possibly the requester itself). A waiting request never preempts a
       running one (SRPT here is non-preemptive at admission).
     - **expected output length**: the request's hint, else the `estimate_output_tokens` hook's
       answer (a stacked estimator plugin), else, when no plugin answers, the rounded mean output

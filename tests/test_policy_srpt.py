@@ -251,6 +251,16 @@ def test_the_longest_remaining_time_wins_over_a_later_arrival():
     policy = SRPT()
     assert [policy.remaining(ctx, s) for s in seqs] == [30.0, 10.0, 5.0]
     assert policy.select_victim(ctx=ctx, requester=seqs[2]) is seqs[0]
+    # equal remaining times: the later arrival_time (even with the smaller arrival number), then
+    # the later arrival number, then the higher sample index
+    late, early = running("late", 2.0, 10), running("early", 1.0, 10)
+    late.arrival_no, early.arrival_no = 1, 2
+    second, first = running("second", 1.0, 10), running("first", 1.0, 10)
+    second.arrival_no, first.arrival_no, first.index = 2, 1, 1
+    for pair, victim in (([late, early], late), ([second, first], second)):
+        for order in (pair, pair[::-1]):
+            ctx.running = order
+            assert policy.select_victim(ctx=ctx, requester=order[0]) is victim
 
 
 def test_a_waiting_request_never_preempts_a_running_one():
