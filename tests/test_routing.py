@@ -71,12 +71,14 @@ def test_length_pools_sends_long_prompts_to_the_long_pool():
     assert r.choose(req(200), vs) == 1
     assert r.choose(req(1001), vs) == 3
     assert r.choose(req(1000), vs) == 1
-    # the first replica of the pool stays the choice when it is the least loaded
+    # the first replica of the pool stays the choice when it is the least loaded, and on a tie
     assert r.choose(req(200), views([0], [5], [0], pools=["short", "short", "long"])) == 0
+    assert r.choose(req(200), views([9], [3], [3], [0], pools=["short", "short", "short", "long"])) == 1
     # no long pool: the least loaded of all; strict: refused with a reason
     flat = views([5], [1])
     assert r.choose(req(5000), flat) == 1
     assert r.choose(req(5000), views([1], [5], [3])) == 0
+    assert r.choose(req(5000), views([5], [2], [2])) == 1
     refusal = make_router("length_pools", {"threshold": 1000, "strict": True}).choose(req(5000), flat)
     assert isinstance(refusal, Refuse) and "long" in refusal.reason
 
