@@ -359,6 +359,32 @@ def test_calibrated_fits_relative_errors_as_numpy_weighted_least_squares_does(tm
     assert np.max(np.abs(absolute / relative - 1)) > 0.01
 
 
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_fit_linear_equals_numpys_least_squares(k):
+    """Unconstrained (every coefficient positive), the fit is the least-squares solution: numpy's
+    `lstsq` on the same rows, to 1e-10, for 2 to 5 columns of mixed scales."""
+    rng = np.random.default_rng(k)
+    x = np.column_stack([np.ones(40)] + [rng.uniform(0, 10.0 ** j, 40) for j in range(1, k)])
+    y = x @ (np.linspace(1.0, 2.0, k) / 10.0 ** np.arange(k)) + rng.normal(0, 0.01, 40)
+    expected = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert np.all(expected > 0)
+    coef, r2 = fit_linear(x.tolist(), y.tolist())
+    assert coef == pytest.approx(expected, rel=1e-10)
+    assert r2 == pytest.approx(1 - np.sum((y - x @ expected) ** 2) / np.sum((y - y.mean()) ** 2), rel=1e-10)
+
+
+def test_the_gaussian_elimination_equals_numpys_solve():
+    """`_solve` alone (its caller's refinement step would mask an error in one component): numpy's
+    `solve` on random well-conditioned systems of 1 to 5 unknowns, to 1e-10."""
+    from metroline.executors.cost_models.least_squares import _solve
+
+    rng = np.random.default_rng(0)
+    for k in range(1, 6):
+        a = rng.normal(size=(k, k)) + k * np.eye(k)
+        b = rng.normal(size=k)
+        assert _solve(a.tolist(), b.tolist()) == pytest.approx(np.linalg.solve(a, b), rel=1e-10, abs=1e-12)
+
+
 def test_calibrated_errors(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("prefill_tokens,duration_s\n1,0.1\n")
