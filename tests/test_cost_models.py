@@ -25,6 +25,7 @@ from metroline.executors.cost_models import (
     fit_linear,
     make_cost_model,
 )
+from metroline.executors.cost_models.scaled import ScaledCostModel
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 
 
@@ -141,6 +142,26 @@ def test_presets_named_and_shapes_plausible():
                            ("smollm2-135m", 134.5e6)]:
         assert params[name] == pytest.approx(expected, rel=0.005), name
     assert MODEL_PRESETS["llama-3-8b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+
+
+def test_every_preset_splits_its_hidden_size_over_its_heads():
+    """In each model's config.json the attention heads split the hidden size: num_heads x head_dim
+    = hidden_size; llama-2-7b's KV heads are all 32 of its heads (no grouping)."""
+    for name, s in MODEL_PRESETS.items():
+        assert s.num_heads * s.head_dim == s.hidden_size, name
+    assert MODEL_PRESETS["llama-2-7b"].kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
+
+
+@pytest.mark.parametrize("factor", [0, 0.0, -1.0, float("inf"), float("nan"), "1.03", None])
+def test_a_slowdown_must_be_a_finite_number_above_zero(factor):
+    with pytest.raises(ValueError, match=r"slowdown: must be a number > 0 \(1.03 is 3% slower\), got "):
+        ScaledCostModel(make_cost_model("steps"), factor)
+
+
+def test_a_slowdown_scales_every_step_and_the_fixed_step_time():
+    m = ScaledCostModel(make_cost_model("steps", step_time=0.25), 1.5)
+    assert m.step_time(make_plan(decodes=[3])) == 0.375 and m.fixed_step_time == 0.375
+    assert m.describe() == {"name": "steps", "step_time": 0.25, "slowdown": 1.5}
 
 
 def test_roofline_decode_is_memory_bound():
