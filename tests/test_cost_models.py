@@ -404,6 +404,10 @@ def test_the_gaussian_elimination_equals_numpys_solve():
         a = rng.normal(size=(k, k)) + k * np.eye(k)
         b = rng.normal(size=k)
         assert _solve(a.tolist(), b.tolist()) == pytest.approx(np.linalg.solve(a, b), rel=1e-10, abs=1e-12)
+    # a zero on the diagonal needs the row swap of partial pivoting (the largest pivot)
+    assert _solve([[0.0, 1.0], [1.0, 0.0]], [2.0, 3.0]) == [3.0, 2.0]
+    assert _solve([[1e-3, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], [1.0, 2.0, 3.0]) == pytest.approx(
+        np.linalg.solve([[1e-3, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], [1.0, 2.0, 3.0]), rel=1e-10)
 
 
 def test_calibrated_errors(tmp_path):
