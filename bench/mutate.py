@@ -46,6 +46,7 @@ import queue
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -452,6 +453,10 @@ def select(config: Config, module: str, sample: int | None, seed: int, only: str
     return live, equivalent, len(mutants)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (and SIGINT, which a background job ignores) stop a run
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -485,6 +490,12 @@ def main(argv=None) -> int:
                              f"{args.config.name}")
 
     plan = {m: select(config, m, args.sample, args.seed, args.only) for m in modules}
+    if not args.only:  # an entry whose line changed names no mutant any more: say so
+        named = {m.key for _, equivalent, _ in plan.values() for m, _ in equivalent}
+        for key in config.equivalent:
+            if key[0] in plan and key not in named:
+                print(f"bench/mutation.toml: no mutant matches the equivalent entry {key}",
+                      file=sys.stderr)
     if args.list:
         for module, (live, equivalent, total) in plan.items():
             print(f"# {module}: {total} mutants, {len(equivalent)} equivalent, "
@@ -495,6 +506,7 @@ def main(argv=None) -> int:
                 print(f"{m.diff()}   (equivalent: {reason})")
         return 0
 
+    signal.signal(signal.SIGTERM, _interrupt)
     workspaces = queue.Queue()
     made = [Workspace() for _ in range(max(1, args.jobs))]
     for ws in made:
@@ -536,8 +548,10 @@ def main(argv=None) -> int:
                 return  # its test run was killed by Ctrl-C: no outcome
             with lock:
                 results.setdefault(module, []).append((mutant, outcome, by))
-                mark = {"killed": ".", "timeout": "T", "survived": "S"}[outcome]
-                print(mark, end="", flush=True)
+                if outcome == "survived":  # named at once, so a long run can be acted on early
+                    print(f"\nS {mutant.diff()}", flush=True)
+                else:
+                    print("." if outcome == "killed" else "T", end="", flush=True)
 
         started = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))

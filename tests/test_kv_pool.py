@@ -4,6 +4,8 @@ import pytest
 
 from metroline.core.step.plan import StepPlan
 from metroline.kv_backends import COPY, SWAP_IN, SWAP_OUT, BlockPool, PrefixHit, SwapSpace
+from metroline.kv_backends.prefix_index import block_chain
+from metroline.kv_backends.prefix_keys import BlockKey, same_prefix
 
 BS = 4
 
@@ -87,6 +89,20 @@ def test_peak_used_blocks_counts_the_cached_blocks_a_prefix_hit_takes_back():
     pool.acquire(hit.block_ids)
     assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
     pool.acquire(hit.block_ids)  # a second reference takes no further block
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
+
+
+def test_peak_used_blocks_counts_the_blocks_a_swap_in_takes():
+    pool, swap = BlockPool(8, BS), SwapSpace(4)
+    assert pool.peak_used_blocks == 0  # a fresh pool has used nothing
+    table, ops = [], []
+    pool.allocate_slots(table, 0, 12, ops)
+    host = pool.swap_out(table, swap, ops)
+    other = []
+    pool.allocate_slots(other, 0, 8, ops)
+    assert (pool.num_used_blocks(), pool.peak_used_blocks) == (2, 3)
+    back = pool.swap_in(host, swap, ops)
+    assert len(back) == 3
     assert (pool.num_used_blocks(), pool.peak_used_blocks) == (5, 5)
 
 
@@ -555,6 +571,75 @@ def test_release_of_a_free_block_asserts():
     pool = BlockPool(4, BS)
     with pytest.raises(AssertionError):
         pool.release([0])
+
+
+def test_a_swap_in_that_fills_the_free_blocks_exactly_fits():
+    pool, swap = BlockPool(4, BS, enable_prefix_caching=False), SwapSpace(4)
+    table, ops = [], []
+    pool.allocate_slots(table, 0, 16, ops)  # all 4 blocks
+    host = pool.swap_out(table, swap, ops)
+    assert pool.num_free_blocks() == 4
+    back = pool.swap_in(host, swap, ops)
+    assert back is not None and len(back) == 4 and pool.num_free_blocks() == 0
+    host = pool.swap_out(back, swap, ops)
+    other = []
+    pool.allocate_slots(other, 0, 1, ops)  # one block taken: the 4 host blocks no longer fit
+    assert pool.swap_in(host, swap, ops) is None and swap.num_free_blocks() == 0
+
+
+def test_a_pool_needs_at_least_one_block_of_at_least_one_token():
+    assert BlockPool(1, 1).num_free_blocks() == 1
+    for num_blocks, block_size in ((0, BS), (-1, BS), (4, 0)):
+        with pytest.raises(AssertionError):
+            BlockPool(num_blocks, block_size)
+    assert SwapSpace(0).num_free_blocks() == 0  # no swap space at all
+    with pytest.raises(AssertionError):
+        SwapSpace(-1)
+
+
+def test_check_invariants_detects_an_index_entry_for_an_unindexed_block():
+    pool = BlockPool(8, BS)
+    table, _, _ = admit(pool, A)
+    pool.check_invariants([table])
+    pool._indexed[table[0]] = False  # the index still maps block 0's hash to it
+    with pytest.raises(AssertionError, match="stale"):
+        pool.check_invariants([table])
+
+
+def test_cached_blocks_counts_the_indexed_prefix_and_nothing_without_prefix_caching():
+    chain = block_chain(A + [5], BS, len(A))
+    pool = BlockPool(8, BS)
+    admit(pool, A)
+    assert pool.cached_blocks(chain) == 3
+    assert pool.cached_blocks(chain, at_least=3) == 3 and pool.cached_blocks(chain, at_least=4) == 0
+    off = BlockPool(8, BS, enable_prefix_caching=False)
+    admit(off, A)
+    assert off.cached_blocks(chain) == 0
+
+
+def test_caching_blocks_the_table_or_the_tokens_do_not_fill_is_refused():
+    pool = BlockPool(8, BS)
+    table = []
+    pool.allocate_slots(table, 0, 8, [])  # two blocks
+    with pytest.raises(AssertionError, match="not full"):
+        pool.cache_full_blocks(table, A, 0, 3)  # a third block the table does not have
+    with pytest.raises(AssertionError, match="not full"):
+        pool.cache_full_blocks(table, A[:7], 0, 2)  # the second block holds 3 tokens
+    pool.cache_full_blocks(table, A[:8], 0, 2)
+    assert pool.lookup(A[:8] + [1]) == PrefixHit(table, 8)
+
+
+def test_same_prefix_compares_hash_tokens_and_extra_key_up_to_a_shared_ancestor():
+    root = BlockKey(None, (1, 2, 3, 4), None, 11)
+    a = BlockKey(root, (5, 6, 7, 8), None, 22)
+    twin = BlockKey(root, (5, 6, 7, 8), None, 22)  # another object for the same prefix
+    assert same_prefix(a, a) and same_prefix(a, twin) and same_prefix(None, None)
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 8), None, 23))  # another hash
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 9), None, 22))  # other tokens
+    assert not same_prefix(a, BlockKey(root, (5, 6, 7, 8), "salt", 22))  # another extra key
+    assert not same_prefix(a, None) and not same_prefix(None, a)
+    other_root = BlockKey(None, (1, 2, 3, 0), None, 11)
+    assert not same_prefix(a, BlockKey(other_root, (5, 6, 7, 8), None, 22))  # the parents differ
 
 
 def test_the_block_operation_kinds_are_told_apart():

@@ -504,3 +504,24 @@ def test_request_types_are_strict(field, value):
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         engine.add_request(data)
     assert not engine.has_unfinished()
+
+
+def test_an_on_tokens_error_fails_the_steps_requests_but_not_one_that_just_finished():
+    class RaisesAtTheEnd:
+        name = "raises_at_the_end"
+
+        @hookimpl
+        def on_tokens(self, seqs):
+            if any(s.is_finished for s in seqs):
+                raise KeyError("x")
+
+    engine = make_engine(plugins=[RaisesAtTheEnd()])
+    engine.add_request(request("short", 4, max_new=1))  # its first token ends it
+    engine.add_request(request("long", 4, max_new=4))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("raises_at_the_end", "on_tokens")
+    short, long = engine.sequences("short")[0], engine.sequences("long")[0]
+    assert short.finish_reason is FinishReason.LENGTH and short.error is None
+    assert long.finish_reason is FinishReason.FAILED and "raises_at_the_end" in long.error
+    assert_pool_drained(engine)

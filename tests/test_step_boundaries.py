@@ -17,7 +17,7 @@ from metroline.core.requests.sequence import RUNNING, WAITING, Sequence
 from metroline.core.step.plan import StepPlan
 from metroline.core.step.scheduler import Scheduler
 from metroline.core.step.stall import is_stalled
-from metroline.core.step.step_state import StepState
+from metroline.core.step.step_state import Reserves, StepState
 
 
 class Twice:
@@ -413,3 +413,167 @@ def test_the_stall_error_names_the_three_oldest_requests_in_arrival_order():
     oldest = text.split("oldest: ")[1].split("; ")
     assert [entry.split(" ")[0] for entry in oldest] == ["r0", "r1", "r2"]
     assert all(entry.endswith("admission offered nothing and nothing runs") for entry in oldest)
+
+
+# --- the bound on admission's candidates (metroline.core.step.admission) ------------------------
+
+
+class Endless:
+    """`admission`: the first waiting request, again and again (an endless generator)."""
+
+    name = "endless"
+
+    def __init__(self):
+        self.pulled = 0
+
+    @hookimpl
+    def admission(self, ctx):
+        first = next(iter(ctx.waiting))
+
+        def candidates():
+            while True:
+                self.pulled += 1
+                yield first
+
+        return candidates()
+
+
+def test_admission_may_pull_twice_the_queued_requests_plus_eight_candidates():
+    # one request queued: 2 x 1 + 8 = 10 candidates (the first admits it, the other nine are
+    # stale); the eleventh pull is an endless generator's
+    endless = Endless()
+    engine = make_engine(plugins=[endless])
+    engine.add_request(request("A", 4, max_new=4))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("endless", "admission")
+    assert "more candidates than are queued" in info.value.problem
+    assert endless.pulled == 10
+
+
+# --- split_budget's answer, checked against the budget (metroline.core.step.split) -------------
+
+
+class Answer:
+    """`split_budget`: a fixed answer."""
+
+    name = "fixed_split"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    @hookimpl
+    def split_budget(self, ctx, budget):
+        return self.answer
+
+
+def test_a_plain_three_tuple_split_is_accepted():
+    engine = make_engine(plugins=[Answer((0, 64, 4))])  # (decode, prefill, max_chunk)
+    engine.add_request(request("A", 8, max_new=1))
+    engine.step()
+    assert engine.executor.plans[0].scheduled == {"A": 4}
+
+
+@pytest.mark.parametrize("answer", [
+    Split(-1, 8, 8), Split(0, -1, 8), Split(32, 33, 8), Split(0, 8, 0), Split(0, 8, 8, -1), (0, 8),
+])
+def test_a_split_outside_the_budget_is_refused(answer):
+    engine = make_engine(plugins=[Answer(answer)])  # budget: 64 tokens
+    engine.add_request(request("A", 8, max_new=1))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("fixed_split", "split_budget")
+
+
+@pytest.mark.parametrize("answer, rescues", [(Split(0, 64, 1), 0), (Split(32, 32, 8, 0), 1), (Split(64, 0, 8), 1)])
+def test_a_split_at_the_edges_of_the_budget_is_accepted(answer, rescues):
+    # a chunk of 1, no prefill chunk at all, no prefill token at all: accepted; the last two
+    # leave the step empty, and the core serves the oldest request itself (a chunk of 8)
+    engine = make_engine(plugins=[Answer(answer)])
+    engine.add_request(request("A", 8, max_new=1))
+    engine.step()
+    assert engine.executor.plans[0].scheduled == {"A": 1 if answer.max_chunk == 1 else 8}
+    assert engine.scheduler.rescues == rescues
+
+
+class Names:
+    """`select_victim`: whatever `pick(ctx)` returns."""
+
+    name = "names"
+
+    def __init__(self, pick):
+        self.pick = pick
+
+    @hookimpl
+    def select_victim(self, ctx, requester):
+        return self.pick(ctx)
+
+
+@pytest.mark.parametrize("pick, problem", [
+    (lambda ctx: next(iter(ctx.waiting)), "is not a running sequence"),
+    (lambda ctx: Preempt(next(iter(ctx.running)), "evict"), "unknown preemption mode 'evict'"),
+])
+def test_a_victim_that_is_not_running_or_a_mode_that_does_not_exist_is_refused(pick, problem):
+    engine = make_engine(plugins=[Names(pick)], max_num_seqs=1)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 4, max_new=4))  # no slot: B asks for a victim
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    assert (info.value.plugin, info.value.hook) == ("names", "select_victim")
+    assert problem in info.value.problem
+
+
+def test_no_victim_named_preempts_a_running_requester_and_leaves_a_waiting_one_waiting():
+    engine = make_engine(plugins=[Names(lambda ctx: None)], max_num_seqs=1)
+    engine.add_request(request("A", 4, max_new=4))
+    engine.add_request(request("B", 4, max_new=4))
+    engine.step()
+    a, b = engine.sequences("A")[0], engine.sequences("B")[0]
+    assert engine.scheduler.room.victim(a, "blocks") == Preempt(a, "recompute")
+    assert engine.scheduler.room.victim(b, "slots") is None
+
+
+# --- reserves, a fresh plan, arrivals -------------------------------------------------------------
+
+
+def test_a_tenants_reserve_is_charged_only_for_what_was_scheduled():
+    engine = make_engine()
+    for rid in ("p", "d", "idle"):
+        engine.add_request(request(rid, 4, max_new=4, tenant="a"))
+    p, d, idle = (engine.sequences(r)[0] for r in ("p", "d", "idle"))
+    state = StepState(StepPlan(1, 4), engine.scheduler.ctx, None)
+    state.set_budget(16, 32, 4)
+    reserves = Reserves({"a": 0.5, "b": 0.01}, 16, 32)
+    assert (reserves.decode, reserves.prefill) == ({"a": 8}, {"a": 16})  # b's share rounds to 0
+    reserves.spend(idle, state)  # not scheduled: nothing charged
+    assert (reserves.decode, reserves.prefill) == ({"a": 8}, {"a": 16})
+    state.schedule(p, 5, False)
+    reserves.spend(p, state)
+    state.schedule(d, 1, True)
+    reserves.spend(d, state)
+    assert (reserves.decode, reserves.prefill) == ({"a": 7}, {"a": 11})
+    assert reserves.left(p, False) == 11 and reserves.left(d, True) == 7
+    assert reserves.prefill_outstanding() == 11
+
+
+def test_a_fresh_plan_has_no_budget_left_and_nothing_in_it():
+    plan = StepPlan(3, 4)
+    assert (plan.decode_left, plan.prefill_left, plan.prefills_left) == (0, 0, 0)
+    assert (plan.num_prefill_tokens, plan.num_decode_tokens, plan.num_draft_tokens) == (0, 0, 0)
+    assert plan.is_empty and plan.num_tokens == 0
+
+
+def test_a_request_arriving_later_is_not_scheduled_before_its_arrival_time():
+    engine = make_engine()
+    engine.add_request(request("later", 4, max_new=2, arrival_time=0.5))
+    engine.run()
+    later = engine.sequences("later")[0]
+    assert later.first_scheduled_time >= 0.5
+
+
+def test_ctx_fail_outside_the_sample_hook_is_a_runtime_error():
+    engine = make_engine()
+    engine.add_request(request("A", 4, max_new=2))
+    engine.step()
+    with pytest.raises(RuntimeError, match="during the sample hook"):
+        engine.scheduler.ctx.fail(engine.sequences("A")[0], "no grammar here")
