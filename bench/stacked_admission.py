@@ -4,7 +4,7 @@
 Issue 10 reported that stacking `decode_first` on the default policy doubled the step time at
 4,000 waiting: `decode_first` answers no `admission`, so the engine's built-in default admission
 (`metroline.core.plugins.defaults`) ordered the queues, and it copied both of them every step. It now walks them
-lazily (`core.queue_order.queued_in_order`).
+lazily (`core.plugins.queue_order.queued_in_order`).
 
 Workload: `--running` requests (default 16) in steady decode (64-token prompts, outputs that
 outlast the run) and `--waiting` (default 4,000) behind them, which cannot be admitted (every slot

@@ -41,7 +41,9 @@ class Priority(ArrivalQueue):
       less urgent requests take every freed block and starve a large urgent one, and it would void
       the aging bound below.)
     - **victim**: the running request with the worst effective priority (the latest arrival among
-      equals), for a running request that needs a block (possibly the requester itself).
+      equals: the later `arrival_time`, then the later `arrival_no`, then, among the samples of
+      one request, the highest `index`), for a running request that needs a block (possibly the
+      requester itself).
     - **preemption for waiting requests**: a waiting candidate whose effective priority is better
       than the worst running request's by at least `preempt_threshold` preempts it, both when
       `max_num_seqs` requests already run (reason "slots") and when its blocks do not fit (reason

@@ -62,7 +62,8 @@ class SRPT:
       seconds since its arrival is promoted ahead of every other candidate, first come first served
       among the promoted ones, head-of-line like the rest.
     - **victim**: for a running request that needs a KV block, the running request with the longest
-      remaining processing time (possibly the requester itself). A waiting request never preempts a
+      remaining processing time (ties: the later `arrival_time`, then the later `arrival_no`, then
+      the higher sample `index`; possibly the requester itself). A waiting request never preempts a
       running one (SRPT here is non-preemptive at admission).
     - **expected output length**: the request's hint, else the `estimate_output_tokens` hook's
       answer (a stacked estimator plugin), else, when no plugin answers, the rounded mean output
@@ -116,7 +117,8 @@ class SRPT:
 
     def expected_output(self, ctx: StepContext, seq: Sequence) -> int:
         """The total output length expected of `seq` (the hint, else the hook, else the tenant's
-        mean), cached per sequence."""
+        mean), cached per sequence. A plugin's answer that is not an int >= 0 never reaches here:
+        the hook relay refuses it with a `PluginError` naming the plugin (`answers.CHECKS`)."""
         est = self.expected.get(seq)
         if est is None:
             est = seq.expected_output_tokens
@@ -124,10 +126,6 @@ class SRPT:
                 est = ctx.hook.estimate_output_tokens(ctx=ctx, seq=seq)
                 if est is None:
                     est = self.mean_lengths.estimate_output_tokens(seq)
-                elif isinstance(est, bool) or not isinstance(est, int) or est < 0:
-                    raise ValueError(
-                        f"estimate_output_tokens answered {est!r} for {seq.seq_id!r}; expected an int >= 0"
-                    )
             self.expected[seq] = est
         return est
 

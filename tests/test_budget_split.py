@@ -110,6 +110,8 @@ def test_weights_from_a_cost_model():
     (WeightedBudget, {"w_prefill": 0}, "w_prefill"),
     (WeightedBudget, {"w_decode": float("nan")}, "w_decode"),
     (WeightedBudget, {"capacity": -1.0}, "capacity"),
+    (WeightedBudget, {"capacity": float("inf")}, "capacity"),
+    (WeightedBudget, {"w_prefill": float("inf")}, "w_prefill"),
     (WeightedBudget, {"w_prefill": 2.0, "w_decode": 1.0, "capacity": 1.5}, "capacity"),
     (WeightedBudget, {"max_partial_prefills": 0}, "max_partial_prefills"),
 ])

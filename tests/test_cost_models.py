@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import random
 
+import numpy as np
+
 import pytest
 from pydantic import ValidationError
 
@@ -23,6 +25,7 @@ from metroline.executors.cost_models import (
     fit_linear,
     make_cost_model,
 )
+from metroline.executors.cost_models.scaled import ScaledCostModel
 from metroline.kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
 
 
@@ -71,6 +74,17 @@ def test_steps_model():
     assert m.step_time(make_plan(block_ops=[(COPY, 1, 2)])) == 0.25
     assert make_cost_model("steps").step_time(make_plan(prefills=[(0, 9)])) == 0.01
     assert m.describe() == {"name": "steps", "step_time": 0.25}
+
+
+@pytest.mark.parametrize("name", ["steps", "linear", "roofline"])
+def test_a_cost_models_parameters_are_frozen(name):
+    """A model derives its constants from its config when built (roofline's FLOP/s and bytes per
+    token): a parameter changed afterwards would be silently ignored, so changing one is an error
+    naming it."""
+    m = make_cost_model(name)
+    field = next(iter(type(m.config).model_fields))
+    with pytest.raises(ValidationError, match=rf"{field}\n.*frozen"):
+        setattr(m.config, field, getattr(m.config, field))
 
 
 def test_steps_model_rejects_bad_params():
@@ -130,6 +144,26 @@ def test_presets_named_and_shapes_plausible():
     assert MODEL_PRESETS["llama-3-8b"].kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
 
 
+def test_every_preset_splits_its_hidden_size_over_its_heads():
+    """In each model's config.json the attention heads split the hidden size: num_heads x head_dim
+    = hidden_size; llama-2-7b's KV heads are all 32 of its heads (no grouping)."""
+    for name, s in MODEL_PRESETS.items():
+        assert s.num_heads * s.head_dim == s.hidden_size, name
+    assert MODEL_PRESETS["llama-2-7b"].kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
+
+
+@pytest.mark.parametrize("factor", [0, 0.0, -1.0, float("inf"), float("nan"), "1.03", None])
+def test_a_slowdown_must_be_a_finite_number_above_zero(factor):
+    with pytest.raises(ValueError, match=r"slowdown: must be a number > 0 \(1.03 is 3% slower\), got "):
+        ScaledCostModel(make_cost_model("steps"), factor)
+
+
+def test_a_slowdown_scales_every_step_and_the_fixed_step_time():
+    m = ScaledCostModel(make_cost_model("steps", step_time=0.25), 1.5)
+    assert m.step_time(make_plan(decodes=[3])) == 0.375 and m.fixed_step_time == 0.375
+    assert m.describe() == {"name": "steps", "step_time": 0.25, "slowdown": 1.5}
+
+
 def test_roofline_decode_is_memory_bound():
     m = RooflineCostModel()
     shape = MODEL_PRESETS["llama-3-8b"]
@@ -176,6 +210,51 @@ def test_rooflineattention_pairs_are_causal():
     counters_only = StepPlan(0, 16)
     counters_only.num_prefill_tokens, counters_only.num_context_tokens = 8, 8
     assert attention_pairs(counters_only) == 64
+
+
+TOY = dict(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+           vocab_size=100)
+"""A shape small enough to price by hand: a layer's matmuls hold 8 x (2 x 8 + 2 x 4) + 3 x 8 x 16 = 576
+weights; an LM-head row is 100 x 8."""
+
+
+def drafting_decode(ctx: int, k: int) -> StepPlan:
+    """One decode after `ctx` computed tokens verifying `k` drafts: `1 + k` tokens at positions
+    `ctx .. ctx + k`, counted as the scheduler counts them (`StepPlan`'s docstring)."""
+    plan = StepPlan(0, 16)
+    s = Sequence("d", [1] * ctx, SamplingParams(), 0.0)
+    s.token_ids.append(2)
+    s.num_computed_tokens = ctx
+    plan.scheduled[s] = 1 + k
+    plan.decodes.add(s)
+    plan.drafts[s] = k
+    plan.num_draft_tokens = k
+    plan.num_decode_tokens = 1 + k
+    plan.num_context_tokens = ctx + 1 + k
+    return plan
+
+
+def test_roofline_prices_each_draft_as_a_token_an_attention_row_and_a_logit_row():
+    """A decode after 10 tokens verifying 3 drafts computes 4 tokens, attends 4 x 10 + 4 x 5 / 2 = 50
+    query-key pairs under the causal mask (not the 14 context tokens a plain decode reads), and
+    needs a logit row per draft besides its own: 4 rows. On a GPU of 1e6 FLOP/s at full
+    efficiency (compute-bound): 2 x 2 x 576 FLOP a token, 2 x 100 x 8 a logit row, 4 x 2 layers
+    x 2 heads x 4 dims a pair: (4 x 2,304 + 4 x 1,600 + 50 x 64) / 1e6 s."""
+    m = make_cost_model("roofline", model=TOY, gpu={"flops": 1e6, "bandwidth": 1e12}, flops_efficiency=1.0,
+                        bandwidth_efficiency=1.0, overhead=0.0)
+    plan = drafting_decode(10, 3)
+    assert attention_pairs(plan) == 50
+    compute, memory, transfer = m.breakdown(plan)
+    assert compute == pytest.approx((4 * 2_304 + 4 * 1_600 + 50 * 64) / 1e6, rel=1e-12)
+    assert compute > memory and transfer == 0.0
+    # the same 4 tokens as a prefill chunk: the same pairs, one logit row
+    chunk = make_plan(prefills=[(10, 4)])
+    assert attention_pairs(chunk) == 50
+    assert m.breakdown(chunk)[0] == pytest.approx((4 * 2_304 + 1 * 1_600 + 50 * 64) / 1e6, rel=1e-12)
+    assert m.step_time(plan) - m.step_time(chunk) == pytest.approx(3 * 1_600 / 1e6, rel=1e-9)
+    # without drafts a decode is one token, one row, and its context's pairs
+    assert attention_pairs(drafting_decode(10, 0)) == 11
+    assert m.breakdown(drafting_decode(10, 0))[0] == pytest.approx((2_304 + 1_600 + 11 * 64) / 1e6, rel=1e-12)
 
 
 def test_roofline_gpus_models_and_block_ops():
@@ -280,6 +359,55 @@ def test_calibrated_noisy_fit(tmp_path):
     assert 0.9 < d["r2"] < 1.0
     for k, v in TRUE.items():
         assert d[k] == pytest.approx(v, rel=0.1), k
+
+
+def test_calibrated_fits_relative_errors_as_numpy_weighted_least_squares_does(tmp_path):
+    """The fit minimises squared relative errors: numpy's least squares on the rows divided by
+    their durations gives the same coefficients (all positive here, so no clamping), and an
+    absolute fit of the same noisy log gives other ones (the long steps would dominate it)."""
+    path = write_log(tmp_path / "steps.csv", TRUE, n=120, seed=5, noise=0.2)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    x = np.array([[1.0, float(r["prefill_tokens"]), float(r["decode_tokens"]), float(r["context_tokens"])]
+                  for r in rows])
+    y = np.array([float(r["duration_s"]) for r in rows])
+    relative = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)[0]
+    absolute = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert np.all(relative > 0) and np.all(absolute > 0)
+    fitted = CalibratedCostModel.from_steps_csv(path).coefficients()
+    got = np.array([fitted[k] for k in ("per_step", "per_prefill_token", "per_decode_token", "per_kv_token")])
+    assert got == pytest.approx(relative, rel=1e-6)
+    assert np.max(np.abs(absolute / relative - 1)) > 0.01
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_fit_linear_equals_numpys_least_squares(k):
+    """Unconstrained (every coefficient positive), the fit is the least-squares solution: numpy's
+    `lstsq` on the same rows, to 1e-10, for 2 to 5 columns of mixed scales."""
+    rng = np.random.default_rng(k)
+    x = np.column_stack([np.ones(40)] + [rng.uniform(0, 10.0 ** j, 40) for j in range(1, k)])
+    y = x @ (np.linspace(1.0, 2.0, k) / 10.0 ** np.arange(k)) + rng.normal(0, 0.01, 40)
+    expected = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert np.all(expected > 0)
+    coef, r2 = fit_linear(x.tolist(), y.tolist())
+    assert coef == pytest.approx(expected, rel=1e-10)
+    assert r2 == pytest.approx(1 - np.sum((y - x @ expected) ** 2) / np.sum((y - y.mean()) ** 2), rel=1e-10)
+
+
+def test_the_gaussian_elimination_equals_numpys_solve():
+    """`_solve` alone (its caller's refinement step would mask an error in one component): numpy's
+    `solve` on random well-conditioned systems of 1 to 5 unknowns, to 1e-10."""
+    from metroline.executors.cost_models.least_squares import _solve
+
+    rng = np.random.default_rng(0)
+    for k in range(1, 6):
+        a = rng.normal(size=(k, k)) + k * np.eye(k)
+        b = rng.normal(size=k)
+        assert _solve(a.tolist(), b.tolist()) == pytest.approx(np.linalg.solve(a, b), rel=1e-10, abs=1e-12)
+    # a zero on the diagonal needs the row swap of partial pivoting (the largest pivot)
+    assert _solve([[0.0, 1.0], [1.0, 0.0]], [2.0, 3.0]) == [3.0, 2.0]
+    assert _solve([[1e-3, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], [1.0, 2.0, 3.0]) == pytest.approx(
+        np.linalg.solve([[1e-3, 1.0, 0.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0]], [1.0, 2.0, 3.0]), rel=1e-10)
 
 
 def test_calibrated_errors(tmp_path):

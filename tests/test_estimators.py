@@ -33,6 +33,14 @@ def probe(tenant: str, prompt: int = 1) -> Sequence:
 # --- length_mean ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("cls", [LengthMean, LengthRegression])
+def test_a_prior_of_zero_output_tokens_is_allowed(cls):
+    """0 is the least an estimate may be (the hook's contract: an int >= 0): a prior of 0 is
+    valid and is the estimate until a request of the tenant completes."""
+    est = cls(prior_output_tokens=0)
+    assert est.estimate_output_tokens(seq=probe("t")) == 0
+
+
 def test_length_mean_is_the_rounded_mean_of_the_tenants_completed_requests():
     est = LengthMean(prior_output_tokens=50)
     assert est.estimate_output_tokens(seq=probe("t")) == 50  # nothing completed: the prior

@@ -5,6 +5,9 @@ monotonicity, and its family-wise error rate on simulated A/A tables."""
 
 from __future__ import annotations
 
+import itertools
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -98,6 +101,98 @@ def test_adjusted_p_values_step_down_monotonically():
         single = np.array([(flips.max(axis=1) >= t * (1 - 1e-9)).mean() for t in observed])
         assert np.all(adjusted >= own) and np.all(adjusted <= single + 1e-12)
         assert adjusted[order[0]] == single[order[0]]
+
+
+def test_sixteen_draws_are_still_enumerated_exactly():
+    """`EXACT_DRAWS` = 16 is the last count whose 2^15 patterns are all enumerated: every row
+    distinct, each with a first sign of +1 (with their negations, all 2^16), none drawn twice.
+    Fifteen +1 and one -1 reach |sum| >= 14 on the patterns with 0, 1, 15 or 16 flips of the
+    observed signs: 1 + 16 + 16 + 1 = 34 of 2^16, exactly; a sample of random flips would only
+    come near it."""
+    assert EXACT_DRAWS == 16
+    s = sign_patterns(16)
+    assert s.shape == (2 ** 15, 16) and np.all(s[0] == 1) and np.all(s[:, 0] == 1)
+    assert len({row.tobytes() for row in s}) == 2 ** 15
+    d = np.ones((16, 1))
+    d[5] = -1.0
+    assert max_t_adjusted(d)[0] == 34 / 2 ** 16
+    assert max_t_adjusted(np.arange(1.0, 17.0)[:, None])[0] == 2 / 2 ** 16 == smallest_p(16)
+    # one draw more: drawn patterns, the observed one first, some drawn twice
+    drawn = sign_patterns(17)
+    assert np.all(drawn[0] == 1) and not np.all(drawn[:, 0] == 1)
+    assert len({row.tobytes() for row in drawn}) < RANDOM_FLIPS
+
+
+def test_the_granularity_does_not_jump_where_enumeration_stops():
+    """Beyond `EXACT_DRAWS` the patterns are drawn, as many as 16 draws enumerate (2^15), so the
+    smallest p-value is 2^-15 on both sides of the switch."""
+    assert smallest_p(EXACT_DRAWS) == smallest_p(EXACT_DRAWS + 1) == 2.0 ** -15
+    assert sign_patterns(EXACT_DRAWS + 1).shape == (2 ** 15, EXACT_DRAWS + 1)
+
+
+def test_one_draw_has_one_pattern_and_none_is_an_error():
+    assert sign_patterns(1).tolist() == [[1.0]]
+    assert sign_patterns(2).tolist() == [[1.0, 1.0], [1.0, -1.0]]
+    with pytest.raises(ValueError, match="at least one draw, got 0"):
+        sign_patterns(0)
+
+
+def test_a_column_of_equal_nonzero_values_has_infinite_t_where_it_is_not_flipped_to_zero():
+    """Four draws of 0.1 (any size, however small): on the observed pattern and its negation the
+    flipped values are all equal, sd 0, so |t| is infinite; a pattern with two flips sums to 0
+    (|t| 0); one flip or three leave mean +-0.05 and sd sqrt((0.04 - 0.2^2 / 4) / 3) = 0.1:
+    |t| = 0.05 / (0.1 / sqrt(4)) = 1."""
+    d = np.full((4, 1), 0.1)
+    t = abs_t(d, sign_patterns(4))[:, 0]
+    patterns = [tuple(row) for row in sign_patterns(4)]
+    for row, value in zip(patterns, t):
+        flips = row.count(-1.0)
+        if flips == 0:
+            assert value == np.inf
+        elif flips == 2:
+            assert value == 0.0
+        else:
+            assert value == pytest.approx(1.0, rel=1e-9)
+    assert max_t_adjusted(d)[0] == 2 / 16
+
+
+@pytest.mark.parametrize(("e", "flat"), [(0.99e-6, True), (1.01e-6, False)])
+def test_values_equal_up_to_the_rounding_tolerance_count_as_equal(e, flat):
+    """Draws 1 + e, 1 - e, 1 + e, 1 - e: unflipped, sum 4, sum of squares 4 (1 + e^2), sample
+    variance (4 e^2) / 3; the tolerance, 1e-12 x 4 (1 + e^2) / 3, holds it up to e = 1e-6 (to
+    within e^2 of 1). Below, the values are one value: |t| infinite; above, |t| = 1 / sqrt(e^2 / 3)."""
+    d = np.array([1 + e, 1 - e, 1 + e, 1 - e])[:, None]
+    t = abs_t(d, np.ones((1, 4)))[0, 0]
+    if flat:
+        assert t == np.inf
+    else:
+        assert t == pytest.approx(1 / np.sqrt(e * e / 3), rel=1e-3)
+
+
+def _decimal_sign_flip_p(column: list[str]) -> Fraction:
+    """A single verdict's sign-flip p-value in exact decimal arithmetic: the share of all 2^K sign
+    patterns whose |sum| reaches the observed one (|t| grows with |sum|: the sum of squares is
+    the same on every pattern)."""
+    values = [Fraction(x) for x in column]
+    observed = abs(sum(values))
+    hits = sum(abs(sum(s * v for s, v in zip(signs, values))) >= observed
+               for signs in itertools.product((1, -1), repeat=len(values)))
+    return Fraction(hits, 2 ** len(values))
+
+
+@pytest.mark.parametrize("column", [
+    ["0.3", "0.2", "-0.5", "0.9", "0.4", "1.6"],
+    ["0.8", "0.1", "-0.9", "1.3", "1.4", "2.0"],
+    ["0.1", "0.8", "-0.9", "0.9", "0.8", "1.9"],
+    ["0.8", "0.9", "-1.7", "0.4", "0.6", "1.7"],
+])
+def test_a_flipped_table_equal_but_for_float_rounding_reaches_the_observed_t(column):
+    """Differences given as decimals (milliseconds as a result file prints them) whose first three
+    sum to 0: flipping those three leaves the table's |sum|, so its |t|, exactly the observed one,
+    but the float sums differ in the last bits, either way. The tie tolerance counts such a pattern
+    as reaching the observed |t|: the p-value is the one exact decimal arithmetic gives."""
+    expected = _decimal_sign_flip_p(column)
+    assert max_t_adjusted(np.array([float(x) for x in column])[:, None])[0] == float(expected)
 
 
 def test_few_draws_cannot_reach_five_percent():

@@ -4,6 +4,7 @@ its options, and the two demonstrations (urgent TTFT under overload; the aging b
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_engine, request, run_to_end
@@ -11,6 +12,8 @@ from conftest import make_engine, request, run_to_end
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginLoadError
 from metroline.core.experiments.runner import run_workload
+from metroline.core.requests.request import SamplingParams
+from metroline.core.requests.sequence import SeqState, Sequence
 from metroline.core.results.metrics import distribution
 from metroline.core.workloads.build import Workload, WorkloadItem, build_workload
 from metroline.executors.cost_models import make_cost_model
@@ -115,6 +118,44 @@ def test_victim_with_aging_is_the_worst_effective_priority():
     assert preempted(engine)[0] == (6, "x")
 
 
+def running_seq(rid: str, priority: int, arrival: float, arrival_no: int, index: int = 0) -> Sequence:
+    s = Sequence(rid, [1, 2, 3], SamplingParams(max_new_tokens=4), arrival, priority=priority,
+                 arrival_no=arrival_no, index=index, seq_id=f"{rid}-{index}")
+    s.state = SeqState.RUNNING
+    return s
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_victim_ties_go_to_the_latest_arrival_then_the_later_arrival_number_then_the_last_sample(reverse):
+    """Among running requests of equal effective priority the victim is the latest arrival
+    (`Priority`'s docstring): the later `arrival_time` even when its `arrival_no` is the smaller
+    (requests may be added out of time order), the later `arrival_no` at equal times, and among the
+    samples of one request the highest `index`. The order they were admitted in does not matter."""
+    cases = [
+        # (expected victim, the others); all priority 3 but the urgent one
+        (running_seq("late", 3, 2.0, 4), [running_seq("early", 3, 1.0, 5), running_seq("urgent", 1, 9.0, 9)]),
+        (running_seq("second", 3, 1.0, 6), [running_seq("first", 3, 1.0, 5), running_seq("urgent", 1, 9.0, 9)]),
+        (running_seq("n", 3, 1.0, 5, index=2), [running_seq("n", 3, 1.0, 5, index=0), running_seq("n", 3, 1.0, 5, index=1)]),
+    ]
+    for victim, others in cases:
+        pol = Priority(preempt_threshold=None)
+        running = [victim, *others]
+        pol.on_admitted(ctx=SimpleNamespace(running=running), seqs=running[::-1] if reverse else running)
+        assert pol.select_victim(requester=others[0]) is victim
+
+
+def test_victim_with_aging_ties_on_the_key_go_to_the_latest_arrival():
+    """With aging rate 0.5, priority 3 arriving at 0 and priority 2 arriving at 2 have the same key
+    (3.0) and so the same effective priority at every instant: the later arrival is the victim,
+    ahead of priority 1 arriving at 2 (key 2.0)."""
+    old, new, urgent = running_seq("old", 3, 0.0, 1), running_seq("new", 2, 2.0, 2), running_seq("urgent", 1, 2.0, 3)
+    for order in ([old, new, urgent], [urgent, new, old]):
+        pol = Priority(aging_rate=0.5, preempt_threshold=None)
+        pol.on_admitted(ctx=SimpleNamespace(running=order), seqs=order)
+        assert pol.key(old) == pol.key(new) == 3.0
+        assert pol.select_victim(requester=urgent) is new
+
+
 def test_select_victim_unit():
     pol = Priority(aging_rate=0.0, preempt_threshold=1.0)
     engine = priority_engine(max_num_seqs=3)
@@ -207,6 +248,7 @@ def test_a_preempted_request_never_preempts_its_preemptor_back():
         ({"preempt_threshold": 0.0}, "preempt_threshold"),
         ({"preempt_threshold": -2}, "preempt_threshold"),
         ({"preempt_threshold": math.nan}, "preempt_threshold"),
+        ({"preempt_threshold": math.inf}, "preempt_threshold"),  # never preempting is None
         ({"speed": 1}, "speed"),
     ],
 )

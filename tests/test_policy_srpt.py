@@ -5,16 +5,18 @@ the Azure conversation trace; the guard's bound)."""
 from __future__ import annotations
 
 import math
+import re
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_engine, request, run_to_end
 
 from metroline.core.config import EngineConfig
-from metroline.core.errors import PluginLoadError
+from metroline.core.errors import PluginError, PluginLoadError
 from metroline.core.experiments.runner import run_workload
 from metroline.core.plugins.hookspecs import hookimpl
 from metroline.core.requests.request import SamplingParams
-from metroline.core.requests.sequence import Sequence
+from metroline.core.requests.sequence import SeqState, Sequence
 from metroline.core.workloads.build import Workload, WorkloadError, WorkloadItem, build_workload, find_traces_dir
 from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
@@ -132,6 +134,40 @@ def test_a_plugins_estimate_wins_over_srpts_own():
     assert admitted(engine) == ["p4", "p8", "p12"]
 
 
+class FixedEstimator:
+    """Another plugin's estimate: always `answer`."""
+
+    name = "fixed_estimator"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    @hookimpl
+    def estimate_output_tokens(self, seq):
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "shown"), [(-1, "-1"), (True, "True"), (2.5, "2.5"), ("7", "'7'")])
+def test_an_estimate_that_is_not_an_int_of_at_least_zero_is_refused_naming_the_plugin(answer, shown):
+    """The hook's contract: an int >= 0 or None. srpt orders by the answer, so -1 would put the
+    request ahead of every true estimate; the engine refuses it at the hook, naming the plugin,
+    the hook and the limit, before srpt uses it."""
+    engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[FixedEstimator(answer)])
+    engine.add_request(hinted("r", 4, None, arrival_time=0.0))
+    with pytest.raises(PluginError, match=(r"plugin 'fixed_estimator', hook 'estimate_output_tokens': "
+                                           rf"expected an int >= 0, got {re.escape(shown)}")):
+        run_to_end(engine)
+
+
+def test_an_estimate_of_zero_is_used():
+    """0 is the smallest valid estimate: a request expected to generate nothing more is shortest."""
+    engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[FixedEstimator(0)])
+    engine.add_request(hinted("long-prompt", 40, None, arrival_time=0.0))
+    engine.add_request(hinted("hinted", 4, 3, arrival_time=0.0))
+    run_to_end(engine)
+    assert admitted(engine) == ["long-prompt", "hinted"]
+
+
 def test_a_hint_wins_over_any_estimate():
     engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[PromptLengthEstimator()])
     engine.add_request(hinted("short-prompt", 4, 50, max_new=60, arrival_time=0.0))
@@ -198,6 +234,33 @@ def test_victim_ties_go_to_the_latest_arrival():
         engine.add_request(hinted(rid, 4, 20, max_new=20, arrival_time=0.0))
     run_to_end(engine)
     assert preempted(engine)[0] == (6, "z")
+
+
+def test_the_longest_remaining_time_wins_over_a_later_arrival():
+    """The victim's key is the remaining time first, arrival only on ties: the request with 30
+    output tokens to go is the victim although it arrived first, before ones with 10 and 5 to go."""
+    def running(rid: str, arrival: float, expected: int) -> Sequence:
+        s = Sequence(rid, [1] * 4, SamplingParams(max_new_tokens=40), arrival, expected_output_tokens=expected,
+                     arrival_no=int(arrival))
+        s.num_computed_tokens = 4  # prefilled: only output tokens remain
+        s.state = SeqState.RUNNING
+        return s
+
+    seqs = [running("early-long", 0.0, 30), running("mid", 2.0, 10), running("late-short", 5.0, 5)]
+    ctx = SimpleNamespace(running=seqs, config=SimpleNamespace(max_num_batched_tokens=64), hook=None)
+    policy = SRPT()
+    assert [policy.remaining(ctx, s) for s in seqs] == [30.0, 10.0, 5.0]
+    assert policy.select_victim(ctx=ctx, requester=seqs[2]) is seqs[0]
+    # equal remaining times: the later arrival_time (even with the smaller arrival number), then
+    # the later arrival number, then the higher sample index
+    late, early = running("late", 2.0, 10), running("early", 1.0, 10)
+    late.arrival_no, early.arrival_no = 1, 2
+    second, first = running("second", 1.0, 10), running("first", 1.0, 10)
+    second.arrival_no, first.arrival_no, first.index = 2, 1, 1
+    for pair, victim in (([late, early], late), ([second, first], second)):
+        for order in (pair, pair[::-1]):
+            ctx.running = order
+            assert policy.select_victim(ctx=ctx, requester=order[0]) is victim
 
 
 def test_a_waiting_request_never_preempts_a_running_one():

@@ -97,6 +97,21 @@ def test_a_tenant_that_becomes_backlogged_is_lifted_to_the_lowest_backlogged_cou
     assert policy.counters["A"] == 25.0
 
 
+@pytest.mark.parametrize("counters", [(10.0, 30.0), (30.0, 10.0)])
+def test_a_returning_tenant_is_lifted_to_the_minimum_of_several_backlogged_counters(counters):
+    """Two tenants backlogged at 10 and 30 (either first in the policy's order): an idle tenant
+    that gets a request is lifted to 10, the lowest backlogged counter. Lifting it to 30 would
+    charge it for service the tenant at 10 has not had either; it then takes the next pick's
+    tie with the older head."""
+    policy = WeightedFair(w_in=1, w_out=1)
+    policy.on_arrival(seqs=[seq("a1", "A", 0), seq("b1", "B", 1)])
+    policy.counters["A"], policy.counters["B"] = counters
+    policy.on_arrival(seqs=[seq("c1", "C", 2)])
+    assert policy.counters["C"] == 10.0
+    low = "a1" if counters[0] < counters[1] else "b1"
+    assert admit_all(policy, limit=2) == [low, "c1"]  # 10 vs 10: the older head, then C at 10 < 20
+
+
 def test_a_candidate_filtered_out_by_a_wrapper_takes_its_tenant_out_of_the_step():
     policy = WeightedFair(w_in=1, w_out=1)
     seqs = [seq("a1", "A", 0), seq("a2", "A", 1), seq("b1", "B", 2), seq("b2", "B", 3)]
@@ -153,6 +168,8 @@ def test_with_preempt_a_waiting_request_preempts_a_tenant_served_more():
     ({"weights": {"A": "two"}}, r"option 'weights.A': Input should be a valid number \(got 'two'\)"),
     ({"weights": [1, 2]}, r"option 'weights': Input should be a valid dictionary"),
     ({"w_in": -1}, r"option 'w_in': Input should be greater than or equal to 0 \(got -1\)"),
+    ({"w_in": -0.5}, r"option 'w_in': Input should be greater than or equal to 0 \(got -0.5\)"),
+    ({"w_in": float("nan")}, r"option 'w_in': Input should be a finite number \(got nan\)"),
     ({"w_out": float("inf")}, r"option 'w_out': Input should be a finite number \(got inf\)"),
     ({"w_in": 0, "w_out": 0}, r"option 'w_out': w_in and w_out are both 0"),
     ({"preempt": "yes"}, r"option 'preempt': Input should be a valid boolean \(got 'yes'\)"),
@@ -162,6 +179,18 @@ def test_bad_options_are_named(options, message):
     config = EngineConfig(policy="weighted_fair", plugin_options={"weighted_fair": options})
     with pytest.raises(PluginLoadError, match=message):
         PluginManager(config)
+
+
+@pytest.mark.parametrize(("w_in", "w_out", "counters"), [(1.0, 0.0, {"A": 10.0}), (0.0, 1.0, {"A": 3.0})])
+def test_one_weight_of_zero_is_allowed_and_counts_only_the_other_service(w_in, w_out, counters):
+    """Only both weights 0 is refused: `w_out = 0` counts prompt tokens alone (10 here), `w_in = 0`
+    the generated ones alone (3)."""
+    policy = WeightedFair(w_in=w_in, w_out=w_out)
+    a = seq("a", "A", 0)
+    policy.on_arrival(seqs=[a])
+    assert admit_all(policy) == ["a"]
+    policy.on_tokens(seqs=[a, a, a])
+    assert policy.counters == counters
 
 
 def test_options_from_the_config_file(tmp_path):

@@ -1,17 +1,20 @@
 """Every reference the docs and the code's docstrings and comments make resolves.
 
-Three kinds of reference are checked, in README.md, docs/*.md, docs/*.rst and the docstrings and
-comments of every tracked Python file:
+Three kinds of reference are checked, in README.md, docs/*.md, docs/*.rst and the docstrings,
+comments and command-line texts (the `help=`, `description=`, `epilog=` and `usage=` strings of
+argparse, what `--help` prints) of every tracked Python file:
 
 - a repository path (`core/step/engine.py`, `tests/data/`, `docs/plugins.md`): a file or folder
   that exists, from the repository root, or from the referring file's folder or one above it, or
   as the tail of a tracked path (a table row naming `routing/` under `policies/`); a path given
   to a flag (`--out tests/data/new.json`) is an output, not a reference;
-- a dotted name under the package (`metroline.core.step.admission`, `metroline.api.StepContext`):
-  a module that exists, and the first name after the module defined at its top level (a class's
-  member after it, when the class is in that module); a moved module's old path that still
-  imports (`metroline.core.moved.OLD_PATHS`) and an entry-point group (`metroline.plugins`)
-  resolve too;
+- a dotted name under the package, with its `metroline.` prefix or without it from one of the
+  package's folders (`metroline.core.step.admission`, `core.step.admission`,
+  `metroline.api.StepContext`, `policies.fcfs.FCFS`): a module that exists, and the first name
+  after the module defined at its top level (a class's member after it, when the class is in
+  that module); an entry-point group (`metroline.plugins`) resolves too. A moved module's old
+  path (`metroline.core.moved.OLD_PATHS`) still imports, for users' code, but is stale in our
+  own text: it resolves only on a line that says it moved or is deprecated;
 - a design document in capitals (`DESIGN.md`, `ARCHITECTURE.md`): a file of the repository.
 
 CHANGELOG.md is not scanned: it records history, and names the modules' paths before they moved
@@ -40,6 +43,11 @@ PATH = re.compile(
     rf"(?<![\w./:@~-])((?:\.?[A-Za-z_][\w.-]*/)+(?:[\w.-]+\.(?:{EXTENSIONS})\b|(?=[\s`'\"),;:]|$)))"
 )
 MODULE = re.compile(r"(?<![\w./])metroline(?:\.[A-Za-z_]\w*)+")
+PACKAGE_FOLDERS = ("core", "policies", "kv_backends", "executors", "plugins_contrib")
+BARE_MODULE = re.compile(rf"(?<![\w./-])(?:{'|'.join(PACKAGE_FOLDERS)})(?:\.[A-Za-z_]\w*)+")
+"""A dotted name from one of the package's folders, without `metroline.` (`core.step.engine`)."""
+MOVED_CONTEXT = re.compile(r"\b(moved|deprecated|old path|old name|formerly|renamed)\b", re.I)
+CLI_TEXT_KEYWORDS = {"help", "description", "epilog", "usage"}
 DESIGN_DOC = re.compile(r"(?<![\w./-])([A-Z][A-Z_]{2,}\.(?:md|rst|txt))\b")
 
 
@@ -96,6 +104,24 @@ def texts_of(path: Path) -> list[tuple[int, str]]:
             if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
                 for offset, line in enumerate(stmt.value.value.splitlines()):
                     pieces.append((stmt.lineno + offset, line))
+    pieces += cli_texts(tree)
+    return pieces
+
+
+def cli_texts(tree: ast.AST) -> list[tuple[int, str]]:
+    """The command-line texts of a module: every string (the literal parts of an f-string, and
+    adjacent literals joined) given as `help=`, `description=`, `epilog=` or `usage=`."""
+    pieces: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg not in CLI_TEXT_KEYWORDS:
+                continue
+            parts = [n.value for n in ast.walk(kw.value)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            if parts:
+                pieces.append((kw.value.lineno, "".join(parts)))
     return pieces
 
 
@@ -200,20 +226,25 @@ def _tails(paths: list[str]) -> set[str]:
     return out
 
 
-def _resolving_dotted_names(root: Path) -> set[str]:
-    """Dotted names that resolve without being a module's file: the old paths of moved modules
-    (the string keys of `OLD_PATHS` in `core/moved.py`) and the entry-point groups of
-    pyproject.toml."""
+def _moved_paths(root: Path) -> set[str]:
+    """The old dotted paths of moved modules (the string keys of `OLD_PATHS` in
+    `core/moved.py`): they still import, for users' code, but our own text names the new path."""
     names: set[str] = set()
     moved = root / "core" / "moved.py"
     if moved.is_file():
         for node in ast.walk(ast.parse(moved.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "OLD_PATHS" for t in node.targets):
                 names |= {f"metroline.core.{k.value}" for k in node.value.keys if isinstance(k, ast.Constant)}
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file():
-        names |= set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]', pyproject.read_text(), re.M))
     return names
+
+
+def _entry_point_groups(root: Path) -> set[str]:
+    """The entry-point groups of pyproject.toml (`metroline.plugins`): dotted names that are no
+    module."""
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return set()
+    return set(re.findall(r'^\[project\.entry-points\."([\w.]+)"\]', pyproject.read_text(), re.M))
 
 
 def _our_path(root: Path, target: str, first_dirs: set[str]) -> bool:
@@ -228,13 +259,16 @@ def find_dangling(root: Path, files: list[Path] | None = None) -> list[Dangling]
     rel_paths = [p.relative_to(root).as_posix() for p in every]
     first_dirs = {part for p in rel_paths for part in p.split("/")[:-1]}
     tails = _tails(rel_paths)
-    dotted = _resolving_dotted_names(root)
+    dotted = _entry_point_groups(root)
+    moved = _moved_paths(root)
     found: list[Dangling] = []
     for path in files:
         rel = path.relative_to(root).as_posix()
         if rel in NOT_SCANNED or not (path.suffix == ".py" or path.suffix in DOC_SUFFIXES):
             continue
+        previous = ""
         for line_no, text in texts_of(path):
+            context, previous = previous + " " + text, text  # "moved" may end the line before
             for m in PATH.finditer(text):
                 target = m.group(1)
                 before = text[max(0, m.start() - 40):m.start()]
@@ -244,9 +278,14 @@ def find_dangling(root: Path, files: list[Path] | None = None) -> list[Dangling]
                     continue
                 if _our_path(root, target, first_dirs) and not path_resolves(root, path, target, tails):
                     found.append(Dangling(rel, line_no, "path", target))
-            for m in MODULE.finditer(text):
+            for m in [*MODULE.finditer(text), *BARE_MODULE.finditer(text)]:
                 target = m.group(0).rstrip(".")
-                if target not in dotted and not module_resolves(root, target):
+                full = target if target.startswith("metroline.") else f"metroline.{target}"
+                old = next((o for o in moved if full == o or full.startswith(o + ".")), None)
+                if old is not None:
+                    if not MOVED_CONTEXT.search(context):
+                        found.append(Dangling(rel, line_no, "moved module", target))
+                elif full not in dotted and not module_resolves(root, full):
                     found.append(Dangling(rel, line_no, "module", target))
             for m in DESIGN_DOC.finditer(text):
                 name = m.group(1)
@@ -267,6 +306,12 @@ def test_no_dangling_references():
         ("# see metroline.core.step.no_such_module for the order\nx = 1\n", "module"),
         ('"""The order of the phases: see DESIGN.md, "One step"."""\n', "document"),
         ('"""`metroline.api.NoSuchName` is what hooks see."""\n', "module"),
+        ("# the order: core.step.no_such_module.order\nx = 1\n", "module"),
+        ('"""Protection is `core.step.engine.no_such_rule`."""\n', "module"),
+        ('"""Protection is `core.preemption.is_protected`."""\n', "moved module"),
+        ('"""Protection is `metroline.core.preemption`."""\n', "moved module"),
+        ('p.add_argument("--resample", help="how a trace is redrawn; see core/resample.py")\n', "path"),
+        ('p = ArgumentParser(description=f"replays; {x} see metroline.core.no_such_runner")\n', "module"),
     ],
 )
 def test_a_planted_dangling_reference_is_found(tmp_path, planted, kind):
@@ -277,10 +322,17 @@ def test_a_planted_dangling_reference_is_found(tmp_path, planted, kind):
     for pkg in ("core", "core/step"):
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "core" / "step" / "engine.py").write_text(
-        '"""The loop: `metroline.core.step.engine`, in `core/step/engine.py`; `metroline.api.StepContext`."""\n'
+        '"""The loop: `metroline.core.step.engine`, in `core/step/engine.py`; `metroline.api.StepContext`;\n'
+        '`core.step.engine.run`. `metroline.core.preemption` moved to `core.plugins.preemption`."""\n'
+        "def run(): pass\n"
+        'p.add_argument("--x", help="see core/step/engine.py and core.step.engine.run")\n'
     )
+    (tmp_path / "core" / "moved.py").write_text('OLD_PATHS = {"preemption": "core.plugins.preemption"}\n')
+    (tmp_path / "core" / "plugins").mkdir()
+    (tmp_path / "core" / "plugins" / "__init__.py").write_text("")
+    (tmp_path / "core" / "plugins" / "preemption.py").write_text("def is_protected(seq): pass\n")
     planted_file = tmp_path / "core" / "step" / "planted.py"
-    files = [tmp_path / "core" / "step" / "engine.py", tmp_path / "api.py"]
+    files = [tmp_path / "core" / "step" / "engine.py", tmp_path / "api.py", tmp_path / "core" / "moved.py"]
     assert find_dangling(tmp_path, files) == []
     planted_file.write_text(planted)
     found = find_dangling(tmp_path, files + [planted_file])

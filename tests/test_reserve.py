@@ -163,8 +163,10 @@ def in_flight_run(plugins: list) -> tuple[Engine, Admitted]:
 def test_prompts_in_flight_are_reserved():
     # At step 2 A holds 2 blocks and needs 2 more: C (3 blocks) leaves 3 - 3 = 0 free. Counting
     # A's 2 blocks to come, C is refused until A ends: admitted at step 5, no preemption.
-    engine, log = in_flight_run([ReserveBlocks(watermark=0.0)])
+    reserve = ReserveBlocks(watermark=0.0)
+    engine, log = in_flight_run([reserve])
     assert log.log == [(1, "0"), (5, "1")]
+    assert reserve.refused == 3  # C, offered once a step, at steps 2, 3 and 4
     assert engine.scheduler.total_preemptions == 0
     # Without them C is admitted at step 2; at step 4 A's last chunk finds no free block and
     # preempts C (the last admitted), which is admitted again at step 5.

@@ -55,15 +55,30 @@ def test_prefix_aware_longest_hit_within_the_load_bound():
     assert r.choose(req(), views([1] * 2, [1], hits=[32, 32])) == 1
 
 
+def test_prefix_aware_with_a_load_bound_of_zero_follows_hits_only_among_the_least_loaded():
+    """`load_bound` 0 is valid: the longest hit wins only on a replica as lightly loaded as the
+    least loaded one; a negative bound is refused."""
+    r = make_router("prefix_aware", {"load_bound": 0})
+    assert r.choose(req(), views([1], [1], hits=[16, 64])) == 1  # equal loads: the longer hit
+    assert r.choose(req(), views([1], [1, 1], hits=[16, 64])) == 0  # one more request: over the bound
+    with pytest.raises(ValueError, match="load_bound must be >= 0"):
+        make_router("prefix_aware", {"load_bound": -1})
+
+
 def test_length_pools_sends_long_prompts_to_the_long_pool():
     r = make_router("length_pools", {"threshold": 1000})
     vs = views([5], [1], [9], [0], pools=["short", "short", "long", "long"])
     assert r.choose(req(200), vs) == 1
     assert r.choose(req(1001), vs) == 3
     assert r.choose(req(1000), vs) == 1
+    # the first replica of the pool stays the choice when it is the least loaded, and on a tie
+    assert r.choose(req(200), views([0], [5], [0], pools=["short", "short", "long"])) == 0
+    assert r.choose(req(200), views([9], [3], [3], [0], pools=["short", "short", "short", "long"])) == 1
     # no long pool: the least loaded of all; strict: refused with a reason
     flat = views([5], [1])
     assert r.choose(req(5000), flat) == 1
+    assert r.choose(req(5000), views([1], [5], [3])) == 0
+    assert r.choose(req(5000), views([5], [2], [2])) == 1
     refusal = make_router("length_pools", {"threshold": 1000, "strict": True}).choose(req(5000), flat)
     assert isinstance(refusal, Refuse) and "long" in refusal.reason
 

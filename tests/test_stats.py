@@ -41,6 +41,25 @@ def test_t_quantile_refuses_a_probability_outside_its_range():
         t_quantile(0.3, 4)
     with pytest.raises(ValueError):
         t_quantile(0.975, 0)
+    with pytest.raises(ValueError, match=r"0.5 <= p < 1 and df >= 1, got p=1.0, df=4"):
+        t_quantile(1.0, 4)  # the quantile at 1 is infinite
+
+
+@pytest.mark.parametrize("expanded", [False, True])
+@pytest.mark.parametrize("statistic", ["mean", 90])
+def test_the_interval_of_mirrored_values_is_the_mirrored_interval(expanded, statistic):
+    """The bootstrap draws its resamples' indices from a fixed seed, whatever the values, so the
+    resamples of 10 - x are the mirror images of those of x, and so are their statistics (a mean,
+    or the 90th percentile against the 10th). An interval with equal tails is then mirrored
+    exactly: its low end is 10 minus the other's high end. Tails of unequal size would not be."""
+    x = np.random.default_rng(11).exponential(size=12)
+    mirrored_statistic = statistic if statistic == "mean" else 100 - statistic
+    a = bootstrap_ci(x, statistic, expanded=expanded)
+    b = bootstrap_ci(10.0 - x, mirrored_statistic, expanded=expanded)
+    assert b.estimate == pytest.approx(10.0 - a.estimate, rel=1e-12)
+    assert b.low == pytest.approx(10.0 - a.high, rel=1e-12)
+    assert b.high == pytest.approx(10.0 - a.low, rel=1e-12)
+    assert a.low < a.estimate < a.high
 
 
 def test_the_expanded_tail_is_smaller_than_alpha_and_approaches_it_with_many_values():
@@ -167,6 +186,30 @@ def test_the_relative_difference_is_none_when_the_baseline_mean_is_zero():
     d = paired_difference([0.0, 0.0, 0.0], [1.0, 2.0, 1.5], "higher")
     assert d.relative is None and d.verdict == BETTER
     assert d.as_dict()["relative"] is None and d.as_dict()["verdict"] == BETTER
+
+
+def test_a_baseline_with_negative_values_has_no_relative_difference():
+    """A relative change against values that can be negative says nothing (a mean near or below 0
+    makes the ratio unbounded or flips its sign): only the absolute difference is given, and the
+    verdict still follows it. B - A is 1.0 on every draw here."""
+    negative_mean = paired_difference([-5.0, -4.0, -6.0], [-4.0, -3.0, -5.0], "higher")
+    assert negative_mean.relative is None and negative_mean.verdict == BETTER
+    assert negative_mean.difference == Interval(1.0, 1.0, 1.0, 0.95, 3)
+    # one negative value under a positive mean (139 / 8): still no ratio, although no resample of
+    # these 8 draws has a mean <= 0 (that needs all 8 draws to be the -1.0: 8^-8 of them)
+    a = [-1.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0]
+    d = paired_difference(a, [x + 0.5 for x in a], "lower")
+    assert d.relative is None and d.verdict == WORSE
+    assert d.difference.estimate == 0.5 and d.as_dict()["relative"] is None
+
+
+def test_a_baseline_with_zeros_and_a_positive_mean_has_a_relative_difference():
+    """Zeros are not negative: a count that is 0 on one draw of 8 (mean 14 / 8 = 1.75) still has a
+    relative change, mean(d) / mean(a) = 0.35 / 1.75 = 0.2; its interval holds it."""
+    a = [0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    d = paired_difference(a, [x + 0.35 for x in a], "lower")
+    assert d.relative is not None and d.relative.estimate == pytest.approx(0.2, rel=1e-12)
+    assert d.relative.low < 0.2 < d.relative.high and d.verdict == WORSE
 
 
 def test_differences_of_float_rounding_make_no_verdict():

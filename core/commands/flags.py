@@ -173,7 +173,7 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="how a trace is redrawn for a seed: redraw (default: rows and arrival gaps "
                    "drawn with replacement, idle gaps capped at the trace's p99 gap), window:S (a random S-second stretch) "
                    "or gamma:B (rows drawn, gamma arrivals of burstiness B at the trace's rate, as vLLM's --burstiness); "
-                   "see core/resample.py")
+                   "see core/workloads/resample.py")
     p.add_argument("--json", metavar="PATH", help="write the result document (default: none)")
     _refused_or(p, compare, "--requests-csv", metavar="PATH", help="write one row per request (default: none)")
     _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step, with a running[TENANT] column per tenant (default: none)")

@@ -147,7 +147,7 @@ class Sequence:
         self.parent: Sequence | None = None
         self.children: list[Sequence] = []
         self.detok = None
-        # progress bookkeeping of the core's no-livelock rule (`core.preemption.is_protected`),
+        # progress bookkeeping of the core's no-livelock rule (`core.plugins.preemption.is_protected`),
         # updated at preemptions: the most tokens it ever had computed, preemptions in a row
         # without passing the previous mark, the mark
         self.max_computed = 0

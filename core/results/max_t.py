@@ -59,7 +59,8 @@ def sign_patterns(k: int) -> np.ndarray:
     if k < 1:
         raise ValueError(f"sign_patterns needs at least one draw, got {k}")
     if k <= EXACT_DRAWS:
-        rest = np.array(list(itertools.product((1.0, -1.0), repeat=k - 1)), dtype=float).reshape(-1, k - 1)
+        rest = np.array(list(itertools.product((1.0, -1.0), repeat=k - 1)), dtype=float)
+        rest = rest.reshape(2 ** (k - 1), k - 1)  # k = 1: one empty row
         return np.hstack([np.ones((len(rest), 1)), rest])
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     drawn = rng.choice((1.0, -1.0), size=(RANDOM_FLIPS - 1, k))
@@ -69,7 +70,8 @@ def sign_patterns(k: int) -> np.ndarray:
 def abs_t(differences: np.ndarray, signs: np.ndarray) -> np.ndarray:
     """|t| of every column of `differences` (K draws x m verdicts) on every sign pattern (rows of
     `signs`, B x K): a B x m matrix. A column of zeros has |t| 0; a pattern on which a column's
-    flipped values are all equal (sd 0) but not 0 has |t| infinite."""
+    flipped values are all equal but not 0 has |t| infinite. Equal up to float rounding counts as
+    equal: a sample variance of at most 1e-12 x the column's sum of squares / (K - 1)."""
     d = np.asarray(differences, dtype=float)
     k = d.shape[0]
     sums = signs @ d  # B x m

@@ -26,8 +26,9 @@ Holm needs (with 5 draws all of one sign its tail is never below 3%, whatever th
 
 A verdict also needs a minimum effect: |relative difference| >= the metric kind's `MIN_EFFECT`
 (or `--min-effect`), so that `throughput +0.013% better` is `no difference` however tight its
-interval. Counts without a relative form (a baseline mean of 0, or a resampled one:
-`stats.relative_change`) are compared by their absolute difference against the same figure.
+interval. Metrics without a relative form (a baseline with a negative value, a baseline mean
+of 0, or a resampled one: `stats.relative_change`) are compared by their absolute difference
+against the same figure.
 """
 
 from __future__ import annotations

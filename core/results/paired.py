@@ -168,7 +168,8 @@ def _pct(x: float) -> str:
 
 def _diff_cell(diff: dict[str, Any] | None, scale: float = 1.0, unit: str = "") -> str:
     """The relative difference [interval] and verdict; the absolute difference in the metric's
-    unit where there is no relative one (a baseline mean of 0, or resamples with one)."""
+    unit where there is no relative one (a baseline with a negative value or a mean of 0, or
+    resamples with a mean of 0: `stats.relative_change`)."""
     if diff is None:
         return ""
     rel = diff["relative"]

@@ -8,8 +8,9 @@ paired with the baseline A's value on draw i. This module turns such values into
   some values: per-seed metric values, or one run's per-request latencies;
 - `interval`: a metric's mean over the seeds with its interval;
 - `paired_difference`: the mean of the paired differences B - A with its interval, the difference
-  relative to A's mean, and a `verdict` (better, worse, no difference) at the interval's level,
-  in the metric's direction (lower latency is better, higher throughput is better).
+  relative to A's mean (none where A has a negative value or a mean of 0: `relative_change`),
+  and a `verdict` (better, worse, no difference) at the interval's level, in the metric's
+  direction (lower latency is better, higher throughput is better).
 
 The bootstrap draws from a fixed seed, so the same values always give the same interval (a result
 document is reproducible). With few values the plain percentile interval is too narrow (with 5
@@ -243,14 +244,14 @@ def relative_change(a: np.ndarray, d: np.ndarray, diff: Interval, resamples: int
     difference over that resample's own baseline mean). For a metric that is never negative this
     is the relative change of the means, mean(b) / mean(a) - 1, so never below -100%; dividing
     `diff`'s bounds by the full baseline mean instead could be (a draw with a large baseline
-    value, resampled often, has a difference larger than the whole mean). None when the
-    baseline's mean is 0, or a resample's is not positive (the ratio is unbounded there: only the
-    absolute difference means something)."""
+    value, resampled often, has a difference larger than the whole mean). None, so that a report
+    gives the absolute difference alone, when a baseline value is negative (a ratio to the mean
+    of values that can be negative says nothing: the mean may be near 0 or below it, where the
+    ratio is unbounded or flips its sign), when the baseline's mean is 0, or when a resample's
+    mean is 0 (all its draws 0: the ratio is unbounded there)."""
     base = float(a.mean()) if a.size else 0.0
-    if base == 0.0:
+    if base <= 0.0 or np.any(a < 0):
         return None
-    if base < 0 or np.any(a < 0):
-        return None  # a baseline that can be negative: a ratio to its mean says nothing
     estimate = float(d.mean()) / base
     if not np.any(d):  # no difference on any draw: none in any resample either
         return Interval(estimate, estimate, estimate, diff.level, diff.n)

@@ -77,8 +77,8 @@ class StepContext:
     def wake_at(self, t: float) -> None:
         """Say that a request this plugin holds back now may be admitted at time `t` (a token
         bucket that refills, a batching window that closes). When a step schedules nothing, the
-        workload replay (`core.runner.replay`) moves the clock to the earliest such time, or to the
-        next arrival if it comes first: on a simulated clock time does not pass otherwise. (Empty
+        workload replay (`core.experiments.runner.replay`) moves the clock to the earliest such
+        time, or to the next arrival if it comes first: on a simulated clock time does not pass otherwise. (Empty
         steps still count toward the replay's stall limit while no arrival is pending.) `wakeup`
         holds the earliest time asked for in this step; the scheduler resets it every step.
         """

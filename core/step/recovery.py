@@ -3,7 +3,7 @@
 A plugin error can interrupt a step anywhere: after some candidates were given blocks, after a
 victim was preempted but before `on_preempted` told the policies, after the forward ran but before
 its tokens were appended. The engine then ends the step's requests as `failed` (their blocks are
-freed by the next reap) and raises; everything else stays queued and consistent, so an engine
+freed by the next reap, or by `fail` itself where the reap would not find them) and raises; everything else stays queued and consistent, so an engine
 that is stepped again serves on.
 
 - An error while scheduling (`in_flight`): the plan is lost with the exception, so the requests

@@ -42,8 +42,9 @@ class Rescue:
 
     def serve(self, step: StepState) -> None:
         """Serve the oldest unfinished request, with the whole budget, a prefill chunk of
-        `max_prefill_chunk` and the core's own victims (the youngest running requests), as fcfs
-        would; its victims are announced (`on_preempted`)."""
+        `config.prefill_chunk` (`max_prefill_chunk`, or the whole budget without one) and the
+        core's own victims (the youngest running requests), as fcfs would; its victims are
+        announced (`on_preempted`)."""
         oldest = self._oldest()
         if oldest is None:
             return

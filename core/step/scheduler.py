@@ -110,8 +110,11 @@ class Scheduler:
         self.request_errors.append(error)
 
     def reap(self) -> list[Sequence]:
-        """Take ended sequences out of the queues and release their blocks: the one place where a
-        request's blocks are freed. Returns them (and tells the `on_finished` observers)."""
+        """Take ended sequences out of the queues and release the blocks of those that were running
+        or swapped: the one place an ended request's blocks are freed (a failed one holding blocks
+        outside those sets gave them back in `recovery.fail`; preemption, admission, copy-on-write
+        and speculation release blocks of live requests: docs/architecture.md, "Where blocks are
+        released"). Returns them (and tells the `on_finished` observers)."""
         if not self.ended:
             return []
         ended, self.ended = self.ended, []
