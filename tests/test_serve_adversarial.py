@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -65,20 +65,24 @@ OP = {"Authorization": f"Bearer {OPERATOR}"}
 
 
 class Served:
-    """`metroline serve` in a process of its own on a free loopback port; stderr kept."""
+    """`metroline serve` in a process of its own on loopback port 0: the port the system gives it,
+    which it says on stderr once bound (binding a free port here and handing it over would leave a
+    window in which another process could take it); stderr kept."""
 
     def __init__(self, tmp: Path, cluster: bool, *flags: str) -> None:
         config = tmp / "serve.toml"
         config.write_text(CONFIG + (CLUSTER if cluster else ""))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.err = (tmp / "stderr.txt").open("w+")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port",
-                                      str(self.port), *SIM, *flags], stderr=self.err, env=env)
+                                      "0", *SIM, *flags], stderr=self.err, env=env)
         deadline = time.monotonic() + 120
+        while (found := re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", self.stderr())) is None:
+            assert self.proc.poll() is None, self.stderr()
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        self.port = int(found.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
         while True:
             assert self.proc.poll() is None, self.stderr()
             try:

@@ -131,8 +131,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if with_replicas(args):
         return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}", file=sys.stderr)
-    serve(make_engine(config, executor), serve_config, on_stop=print_summary)
+
+    def listening(port: int) -> None:  # the bound port: the system's choice for --port 0
+        print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}", file=sys.stderr,
+              flush=True)
+
+    serve(make_engine(config, executor), serve_config, on_stop=print_summary, on_listen=listening)
     return 0
 
 
@@ -154,10 +158,13 @@ def cmd_serve_replicas(args: argparse.Namespace) -> int:
     app, serve_config = front_setup(args)
     front = app.state.front
     names = ", ".join(f"{r.name} ({r.pool}) {r.url}" for r in front.replicas)
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{serve_config.port}, "
-          f"router {'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr)
+
+    def listening(port: int) -> None:  # the bound port: the system's choice for --port 0
+        print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}, router "
+              f"{'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr, flush=True)
+
     try:
-        serve_app(app, serve_config)
+        serve_app(app, serve_config, on_listen=listening)
     finally:
         stop_all(front.replicas, timeout=serve_config.drain_s + 5)  # stopped already unless uvicorn failed
     return 0
