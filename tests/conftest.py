@@ -20,7 +20,7 @@ import pytest
 def torch_threads() -> int:
     """torch's intra-op threads in the tests: `OMP_NUM_THREADS` when it is set (how a run with
     another thread count is asked for), else 1 (the test machines are small and shared: threads
-    spinning against other processes make tiny ops 20x slower). The torch test helpers set it."""
+    spinning against other processes make tiny ops 20x slower). `pytest_configure` sets it."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     if not value:
         return 1
@@ -232,6 +232,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:  # every test file the same threads, whether or not it imports the torch helpers
+        torch.set_num_threads(torch_threads())
     if not config.getoption("--runslow"):
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
     if getattr(config.option, "loadscopereorder", False):  # pytest-xdist: keep the order given below
