@@ -201,7 +201,8 @@ def cpu_description() -> list[str]:
     wanted = ("sse4_1", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
     lines = [f"cpu: {model} ({platform.machine()}, {os.cpu_count()} CPUs)"
              + (f"; ISA features: {' '.join(f for f in wanted if f in flags) or 'none listed'}" if flags else "")]
-    limits = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if name in os.environ]
+    limits = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+              if name in os.environ]
     try:
         import torch
     except ImportError:

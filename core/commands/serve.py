@@ -161,7 +161,8 @@ def cmd_serve_replicas(args: argparse.Namespace) -> int:
 
     def listening(port: int) -> None:  # the bound port: the system's choice for --port 0
         print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}, router "
-              f"{'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr, flush=True)
+              f"{'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr,
+              flush=True)
 
     try:
         serve_app(app, serve_config, on_listen=listening)
