@@ -11,10 +11,25 @@ from __future__ import annotations
 
 import collections
 import os
+import platform
 import zlib
 from typing import Any
 
 import pytest
+
+
+def torch_threads() -> int:
+    """torch's intra-op threads in the tests: `OMP_NUM_THREADS` when it is set (how a run with
+    another thread count is asked for), else 1 (the test machines are small and shared: threads
+    spinning against other processes make tiny ops 20x slower). `pytest_configure` sets it."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value:
+        return 1
+    try:
+        return max(1, int(value.split(",")[0]))
+    except ValueError:
+        raise pytest.UsageError(f"OMP_NUM_THREADS={value!r}: expected a number of threads") from None
+
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share the cores, one torch thread each
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -23,7 +38,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share th
     except ImportError:
         pass
     else:
-        torch.set_num_threads(1)
+        torch.set_num_threads(torch_threads())
 
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
@@ -173,7 +188,62 @@ most tests first, which `pytest_configure` turns off, put these files of few tes
 worker then ran the SmolLM2 file alone for minutes at the end.)"""
 
 
+def cpu_description() -> list[str]:
+    """What the suite's numbers depend on, for its header: the CPU's model and the vector ISA
+    features it offers, torch's CPU capability (the ATen kernels' ISA level) and oneDNN's limit
+    (`ONEDNN_MAX_CPU_ISA`, `ATEN_CPU_CAPABILITY` when set), and the torch threads the tests use."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == (platform.processor() or platform.machine()):
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("sse4_1", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    lines = [f"cpu: {model} ({platform.machine()}, {os.cpu_count()} CPUs)"
+             + (f"; ISA features: {' '.join(f for f in wanted if f in flags) or 'none listed'}" if flags else "")]
+    limits = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+              if name in os.environ]
+    try:
+        import torch
+    except ImportError:
+        lines.append("torch: not installed")
+    else:
+        lines.append(f"torch {torch.__version__}: CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+                     f"{'; '.join(limits) or 'ONEDNN_MAX_CPU_ISA unset (the CPU best)'}, "
+                     f"{torch_threads()} thread(s) in the tests (OMP_NUM_THREADS="
+                     f"{os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    return lines
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return cpu_description()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The project's `-q` (pyproject's addopts) hides pytest's header, and `pytest_report_header`
+    with it: print the CPU lines anyway (once, not in xdist's workers), unless `--no-header`."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.no_header or config.get_verbosity() >= 0:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in cpu_description():
+            reporter.write_line(line)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:  # every test file the same threads, whether or not it imports the torch helpers
+        torch.set_num_threads(torch_threads())
     if not config.getoption("--runslow"):
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
         os.environ.setdefault("KV_SHADOW_EXAMPLES", str(FAST_KV_SHADOW_EXAMPLES))

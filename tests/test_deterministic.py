@@ -4,7 +4,20 @@ whole), its place in the batch, preemption by recompute and by swap, a prefix hi
 (fcfs, srpt), in float32 and bfloat16, on SmolLM2 and on tiny random models of three more
 architectures of the support matrix (Qwen3's q/k norms, Gemma2's softcaps and sliding window,
 GPT-NeoX's layer norms and parallel residual). Logprobs are compared by their bits, not with a
-tolerance. Without the mode, the same runs differ (so these tests can fail).
+tolerance.
+
+The negative control (`control_differences`): the same scenarios in the mode with one thing
+changed, `TileSplitControl`: a tile that holds rows of more than one sequence walks its keys in
+splits of `CONTROL_SPLIT` positions instead of `KV_SPLIT` (a reduction order chosen from the
+batch, what a split-KV attention kernel does); a tile of one sequence, every alone run's, is the
+mode's own. The requests then differ from their alone runs, so these tests can fail. The control's
+effect cannot depend on the host: the order it changes is in metroline's own code (an online
+softmax over more, shorter splits: a new running max and a rescale of the sum and the output by
+`exp(m_old - m_new)` at each added boundary, shorter pairwise sums), so the change is there on any
+x86-64 CPU, at any oneDNN ISA level and thread count; it does not wait for a library kernel to pick
+another algorithm for another shape. (The default mode's own differences are the host's: on an AMD
+EPYC with AVX2 chunked prefill changes a request's bits, on an Intel Xeon with AVX-512 the tiny
+Llama's float32 quick scenarios changed none; no test rests on them.)
 
 Half of the requests are greedy, half draw (temperature 0.8, top_p 0.9), seeded or not (an
 unseeded one draws from a stream keyed on its request id in the mode).
@@ -23,7 +36,8 @@ from torch_helpers import tiny_llama
 
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
-from metroline.executors.torch import TorchExecutor
+from metroline.executors.torch import TorchExecutor, invariant_attention
+from metroline.executors.torch.invariant_attention import KV_SPLIT, RowLayout
 from metroline.executors.torch.support import UnsupportedModel
 
 MAX_NEW = 6
@@ -56,9 +70,10 @@ decode costs as much as 32 prompt tokens: each token past these would add a mode
 one of the 8 alone runs and every scenario (and bfloat16 is 4-6x float32 on CPUs without bfloat16
 instructions) without a kind of step the first three do not already have."""
 SMOLLM2_SEARCH = ("chunk-16", "companions-7", "recompute-7", "swap-7")
-"""The order in which `first_difference` looks for a difference without the mode on SmolLM2:
-the subset, chunked prefill first (7 companions prefilled in one step gave every greedy and seeded
-request its alone bits in both dtypes, so starting there ran six requests alone for nothing)."""
+"""The order in which the negative control (`control_differences(..., first=True)`) looks for a
+difference on SmolLM2: the subset, chunked prefill first (its tiles hold two prompts' chunks from
+the first step on, so every request's rows past position `CONTROL_SPLIT` are summed in the
+control's order)."""
 ARCHITECTURES = ("qwen3", "gemma2", "gpt_neox")
 
 
@@ -82,23 +97,61 @@ def fingerprint(seq: Any) -> tuple:
     return tuple(seq.output_token_ids), bits
 
 
-def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], deterministic: bool, max_new: int = MAX_NEW,
+def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], max_new: int = MAX_NEW, control: bool = False,
         **settings: Any) -> tuple[dict, list]:
-    eng = Engine(EngineConfig(**{**BASE, **settings, "deterministic": deterministic}), ex)
+    """Run `items` (request index, prompt) through one engine in the mode; with `control`, with
+    the negative control's attention (`TileSplitControl`) in place of the mode's."""
+    eng = Engine(EngineConfig(**{**BASE, **settings, "deterministic": True}), ex)
+    if control:
+        ex._invariant_ops = TileSplitControl(ex)  # bind() set the mode's own; the next engine's bind resets it
     results = eng.generate(request(i, p, max_new) for i, p in items)
     eng.pool.check_invariants([])
     seqs = [s for v in results.values() for s in v]
     return {s.request_id: fingerprint(s) for s in seqs}, seqs
 
 
-def prefix_case(ex: TorchExecutor, vocab: int, deterministic: bool, max_new: int = MAX_NEW) -> int:
+CONTROL_SPLIT = KV_SPLIT // 4
+"""Key positions per split in the negative control's tiles that hold rows of more than one sequence
+(the mode's is `KV_SPLIT`)."""
+
+
+class TileSplitControl:
+    """The negative control's attention, put in the executor's place of the mode's: the mode's own
+    `invariant_attention`, except that a tile holding rows of more than one sequence (padding rows,
+    which read and write the scratch block, do not count) walks its keys in splits of
+    `CONTROL_SPLIT` positions, in order: the mode's layout with each of its splits cut in
+    `KV_SPLIT // CONTROL_SPLIT`. Each cut adds a step of the online softmax (a new running max, a
+    rescale of the sum and of the output by `exp(m_old - m_new)`, shorter pairwise sums), so a row
+    past position `CONTROL_SPLIT` is summed in another order whenever companions share its tile. A
+    tile of one sequence gets the mode's layout unchanged: a request alone has the mode's bits."""
+
+    write_kv = staticmethod(invariant_attention.write_kv)
+    attend = staticmethod(invariant_attention.attend)
+
+    def __init__(self, ex: TorchExecutor) -> None:
+        self.ex = ex
+
+    def plan_step(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                  block_size: int) -> RowLayout:
+        layout = invariant_attention.plan_step(block_tables, seq_lens, query_start_loc, block_size)
+        scratch = self.ex.kv.num_blocks - 2  # the block the padding rows use (`invariant_step`)
+        if int((block_tables[:, 0] != scratch).sum()) < 2:
+            return layout
+        splits, rows, _ = layout.slots.shape
+        cut = KV_SPLIT // CONTROL_SPLIT
+        slots = layout.slots.view(splits, rows, cut, CONTROL_SPLIT).transpose(1, 2)
+        return RowLayout(layout.positions, slots.reshape(splits * cut, rows, CONTROL_SPLIT).contiguous(),
+                         layout.key_pos.view(splits * cut, CONTROL_SPLIT))
+
+
+def prefix_case(ex: TorchExecutor, vocab: int, max_new: int = MAX_NEW) -> int:
     """A prompt whose first 40 tokens another request computed before (a prefix hit) against the
-    same prompt alone in a fresh engine; returns 1 when they differ."""
+    same prompt alone in a fresh engine, in the mode; returns 1 when they differ."""
     rng = random.Random(7)
     head = [rng.randrange(vocab) for _ in range(40)]
     first, second = head + [1, 2, 3], head + [rng.randrange(vocab) for _ in range(13)]
-    alone, _ = run(ex, [(5, second)], deterministic, max_new)
-    eng = Engine(EngineConfig(**BASE, deterministic=deterministic), ex)
+    alone, _ = run(ex, [(5, second)], max_new)
+    eng = Engine(EngineConfig(**BASE, deterministic=True), ex)
     warm = request(4, first)
     warm["sampling"]["max_new_tokens"] = 1  # it only fills the cache: its own decodes would prove nothing
     eng.generate([warm])
@@ -108,61 +161,64 @@ def prefix_case(ex: TorchExecutor, vocab: int, deterministic: bool, max_new: int
     return int(fingerprint(seq) != alone["5"])
 
 
-def differences(ex: TorchExecutor, vocab: int, deterministic: bool, scenarios: tuple[str, ...],
-                max_new: int = MAX_NEW) -> dict[str, int]:
-    """For each scenario, how many requests' fingerprints differ from the same request run alone
-    (each request generating `max_new` tokens)."""
+def alone_runs(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], max_new: int = MAX_NEW) -> dict[str, tuple]:
+    """In the mode, the fingerprint of every request that `scenarios` use, each run alone in its
+    own engine (each generating `max_new` tokens)."""
     prompts = prompts_for(vocab)
-    needed = max(abs(SCENARIOS[name][0]) for name in scenarios)
-    alone = {}
-    for i in range(needed):
-        alone.update(run(ex, [(i, prompts[i])], deterministic, max_new)[0])
-    found = {}
-    for name in scenarios:
-        count, settings = SCENARIOS[name]
-        items = list(enumerate(prompts[:abs(count)]))
-        got, seqs = run(ex, items[::-1] if count < 0 else items, deterministic, max_new, **settings)
-        if name.startswith(("recompute", "swap")):
-            assert sum(s.num_preemptions for s in seqs) > 0, f"{name}: nothing was preempted"
-        # without the mode an unseeded draw differs by design (a generator the rows share): only
-        # greedy and seeded requests count there, so a difference is one of numbers
-        counted = [rid for rid in got if deterministic or int(rid) % 4 != 3]
-        found[name] = sum(got[rid] != alone[rid] for rid in counted)
-    found["prefix-hit"] = prefix_case(ex, vocab, deterministic, max_new)
+    alone: dict[str, tuple] = {}
+    for i in range(max(abs(SCENARIOS[name][0]) for name in scenarios)):
+        alone.update(run(ex, [(i, prompts[i])], max_new)[0])
+    return alone
+
+
+def scenario_differences(ex: TorchExecutor, vocab: int, name: str, alone: dict[str, tuple], max_new: int = MAX_NEW,
+                         control: bool = False) -> int:
+    """How many requests of scenario `name`, run in the mode (with `control`: under
+    `TileSplitControl`), differ from their `alone` fingerprints; a recompute or swap scenario must
+    preempt."""
+    count, settings = SCENARIOS[name]
+    items = list(enumerate(prompts_for(vocab)[:abs(count)]))
+    got, seqs = run(ex, items[::-1] if count < 0 else items, max_new, control, **settings)
+    if name.startswith(("recompute", "swap")):
+        assert sum(s.num_preemptions for s in seqs) > 0, f"{name}: nothing was preempted"
+    assert got.keys() == {str(i) for i, _ in items}
+    return sum(got[rid] != alone[rid] for rid in got)
+
+
+def differences(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], alone: dict[str, tuple],
+                max_new: int = MAX_NEW) -> dict[str, int]:
+    """In the mode: for each scenario (then "prefix-hit"), how many requests' fingerprints differ
+    from the same request run alone (`alone`, from `alone_runs`)."""
+    found = {name: scenario_differences(ex, vocab, name, alone, max_new) for name in scenarios}
+    found["prefix-hit"] = prefix_case(ex, vocab, max_new)
     return found
 
 
-def first_difference(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], max_new: int = MAX_NEW) -> str | None:
-    """Without the mode: the first of `scenarios` (then "prefix-hit") in which a greedy or seeded
-    request's fingerprint differs from the same request run alone, or None when none does. It stops
-    at the first difference, which is all "without the mode the runs differ" needs; a request is run
-    alone only when its turn comes. (An unseeded draw differs by design without the mode: it does
-    not count.)"""
-    prompts = prompts_for(vocab)
-    alone: dict[str, tuple] = {}
+def control_differences(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], alone: dict[str, tuple],
+                        max_new: int = MAX_NEW, first: bool = False) -> dict[str, int]:
+    """The negative control: for each scenario, how many requests' fingerprints under
+    `TileSplitControl` differ from their alone fingerprints in the mode (`alone`, which the control
+    leaves as they are: a request alone shares no tile); with `first`, it stops after the first
+    scenario with a difference (all "the scenarios can fail" needs on a model where a run is dear)."""
+    found: dict[str, int] = {}
     for name in scenarios:
-        count, settings = SCENARIOS[name]
-        items = list(enumerate(prompts[:abs(count)]))
-        got, _ = run(ex, items[::-1] if count < 0 else items, False, max_new, **settings)
-        for i, prompt in items:
-            if i % 4 == 3:
-                continue
-            if str(i) not in alone:
-                alone.update(run(ex, [(i, prompt)], False, max_new)[0])
-            if got[str(i)] != alone[str(i)]:
-                return name
-    return "prefix-hit" if prefix_case(ex, vocab, False, max_new) else None
+        found[name] = scenario_differences(ex, vocab, name, alone, max_new, control=True)
+        if first and found[name]:
+            break
+    return found
 
 
 def smollm2_subset(dtype: str) -> None:
     """SmolLM2-135M in `dtype` on its subset (`SMOLLM2`) and a prefix hit: bitwise equal with the
-    mode; and without it, some request's bits differ (`tests/test_deterministic_smollm2*.py`, one
-    file per dtype, so that `pytest -n 2 --dist loadfile` runs them in both workers), each request
-    generating `SMOLLM2_MAX_NEW` tokens."""
+    mode; and under the negative control (`TileSplitControl`) some request's bits differ
+    (`tests/test_deterministic_smollm2*.py`, one file per dtype, so that `pytest -n 2 --dist
+    loadfile` runs them in both workers), each request generating `SMOLLM2_MAX_NEW` tokens."""
     ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
-    assert differences(ex, 1000, True, SMOLLM2, SMOLLM2_MAX_NEW) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
+    alone = alone_runs(ex, 1000, SMOLLM2, SMOLLM2_MAX_NEW)
+    assert differences(ex, 1000, SMOLLM2, alone, SMOLLM2_MAX_NEW) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
     assert sorted(SMOLLM2_SEARCH) == sorted(SMOLLM2)
-    assert first_difference(ex, 1000, SMOLLM2_SEARCH, SMOLLM2_MAX_NEW) is not None
+    control = control_differences(ex, 1000, SMOLLM2_SEARCH, alone, SMOLLM2_MAX_NEW, first=True)
+    assert any(control.values()), control
 
 
 def tiny(name: str, dtype: torch.dtype) -> tuple[TorchExecutor, int]:
@@ -171,27 +227,35 @@ def tiny(name: str, dtype: torch.dtype) -> tuple[TorchExecutor, int]:
 
 
 def test_quick_matrix_tiny_llama() -> None:
-    """The quick subset on the tiny Llama (float32): bitwise equal with the mode, not without."""
+    """The quick subset on the tiny Llama (float32): bitwise equal with the mode; under the negative
+    control (`TileSplitControl`) some request differs from its alone run in every scenario of the
+    subset. The control cannot depend on the host: it changes the order of metroline's own float32
+    sums (`invariant_attention`'s online softmax over splits of 8 keys instead of 32) in every tile
+    that companions share, whatever the CPU's kernels, ISA level or thread count; alone, it is the
+    mode, as the first request run alone under it shows."""
     ex = TorchExecutor(tiny_llama())
-    assert differences(ex, 128, True, QUICK) == {name: 0 for name in (*QUICK, "prefix-hit")}
-    assert first_difference(ex, 128, QUICK) is not None
+    alone = alone_runs(ex, 128, QUICK)
+    assert differences(ex, 128, QUICK, alone) == {name: 0 for name in (*QUICK, "prefix-hit")}
+    assert run(ex, [(0, prompts_for(128)[0])], control=True)[0] == {"0": alone["0"]}
+    control = control_differences(ex, 128, QUICK, alone)
+    assert all(control.values()), control
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", ["llama", *ARCHITECTURES])
 def test_full_matrix_tiny_models(name: str, dtype: torch.dtype) -> None:
+    """The whole matrix: bitwise equal with the mode. In float32, under the negative control
+    (`TileSplitControl`, see `test_quick_matrix_tiny_llama` for why its effect cannot depend on the
+    host) some request differs in every scenario, on every architecture. (In bfloat16 each layer's
+    attention output is rounded to 8 bits of mantissa, which absorbs most float32 reorderings on
+    models this small; SmolLM2's bfloat16 test has its own control.)"""
     ex, vocab = tiny(name, dtype)
-    assert differences(ex, vocab, True, tuple(SCENARIOS)) == {n: 0 for n in (*SCENARIOS, "prefix-hit")}
-
-
-@pytest.mark.slow
-def test_without_the_mode_outputs_differ() -> None:
-    """The same matrix without the mode, float32: every architecture differs somewhere. (In
-    bfloat16 the tiny models' logits round these differences away; SmolLM2 shows them.)"""
-    for name in ("llama", *ARCHITECTURES):
-        ex, vocab = tiny(name, torch.float32)
-        assert first_difference(ex, vocab, tuple(SCENARIOS)) is not None, name
+    alone = alone_runs(ex, vocab, tuple(SCENARIOS))
+    assert differences(ex, vocab, tuple(SCENARIOS), alone) == {n: 0 for n in (*SCENARIOS, "prefix-hit")}
+    if dtype == torch.float32:
+        control = control_differences(ex, vocab, tuple(SCENARIOS), alone)
+        assert all(control.values()), control
 
 
 def test_mixture_of_experts_refused_in_the_mode() -> None:

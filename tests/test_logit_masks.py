@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import torch_threads
 
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginError
@@ -101,7 +102,7 @@ def smollm2():
 def test_the_guides_token_ban_bans_on_smollm2_through_the_torch_executor():
     from metroline.executors.torch import TorchExecutor
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(torch_threads())
     model, tokenizer = smollm2()
     prompt = tokenizer.encode("The capital of France is")
     with torch.no_grad():

@@ -7,8 +7,9 @@ import io
 import re
 import subprocess
 import sys
-import time
+import types
 
+from metroline.core.results import progress
 from metroline.core.results.progress import ProgressBar, ProgressBoard
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -39,20 +40,34 @@ def test_progress_bar_disabled_off_tty():
     assert stream.getvalue() == "" and bar.draws == 0
 
 
-def test_progress_bar_draws_rate_limited_on_tty():
+def test_progress_bar_draws_rate_limited_on_tty(monkeypatch):
+    """On a clock the test sets (the bar's `time`), so that no count hangs on the machine's speed
+    or load: 5,000 calls 10 us apart read the clock less and less often (the stride doubles up to
+    `MAX_STRIDE` while reads are under 25 ms apart) and draw once in their 50 ms, at the first
+    read; then 5,000 calls 2 ms apart (10 s) read it more often again and draw at least 0.1 s apart."""
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     stream = FakeTTY()
-    bar = ProgressBar(5000, stream=stream, label="srpt")
+    bar = ProgressBar(10_000, stream=stream, label="srpt")
     assert bar.enabled
-    start = time.monotonic()
     for i in range(5000):
+        now[0] = (i + 1) * 1e-5
         bar.update(i + 1)
-    elapsed = time.monotonic() - start
-    assert 1 < bar._stride <= ProgressBar.MAX_STRIDE  # fast calls: the clock is read less often
-    assert 1 <= bar.draws <= 2 + elapsed / ProgressBar.MIN_INTERVAL_S
+    assert bar._stride == ProgressBar.MAX_STRIDE and bar.draws == 1
+    start, drawn = now[0], []
+    for i in range(5000, 10_000):
+        now[0] = start + (i - 4999) * 2e-3
+        before = bar.draws
+        bar.update(i + 1)
+        if bar.draws > before:
+            drawn.append(now[0])
+    assert 1 < bar._stride < ProgressBar.MAX_STRIDE  # slower calls: the clock is read more often
+    assert len(drawn) >= 10.0 / (2 * ProgressBar.MIN_INTERVAL_S)  # a draw at least every 0.2 s
+    assert min(b - a for a, b in zip([start, *drawn], drawn)) >= ProgressBar.MIN_INTERVAL_S
     bar.close()
     assert plain(stream).endswith("\n")
     (line,) = last_frame(stream)
-    assert line.startswith("srpt ") and "5000/5000" in line and "100%" in line
+    assert line.startswith("srpt ") and "10000/10000" in line and "100%" in line
 
 
 def test_progress_bar_zero_total():

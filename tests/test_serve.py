@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
+from typing import Any
 
 import httpx
 import pytest
@@ -582,36 +584,53 @@ async def _stream_all(url: str, body: dict) -> tuple[int, str, str | None]:
         return await _stream(client, url, body)
 
 
+def serving_port(stream: Any) -> int:
+    """The port a `metroline serve --port 0` process listens on: the one its "serving ... on
+    http://HOST:PORT" line on `stream` (its stderr) names, said once bound (the system's choice,
+    with no window in which another process could take it). Fails if the process ends first."""
+    for line in iter(stream.readline, ""):
+        found = re.search(r"serving .* on http://[^ ]+:(\d+)", line)
+        if found:
+            return int(found.group(1))
+    raise AssertionError("the server ended before it said its port")
+
+
 def test_sigterm_drains_the_streams_in_flight_then_exits():
+    """SIGTERM once the stream's first token has come (not after a sleep that a loaded machine
+    could outlast before the request is even sent): the stream still has 199 steps of 5 ms to go,
+    and it ends whole."""
     import os
     import signal
-    import socket
     import subprocess
     import sys
     import threading
-    import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--port", str(port), "--step-time", "0.005"],
+    proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--port", "0", "--step-time", "0.005"],
                             stderr=subprocess.PIPE, text=True)
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(300):  # bounded: 30 s to start
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        got = {}
+        url = f"http://127.0.0.1:{serving_port(proc.stderr)}"
+        got, started = {}, threading.Event()
+
+        async def stream() -> tuple[int, str, str | None]:
+            text, reason = "", None
+            async with httpx.AsyncClient(timeout=30) as client, client.stream(
+                    "POST", url + "/v1/completions", json={"prompt": "x", "max_tokens": 200, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        started.set()
+                        choice = json.loads(line[6:])["choices"][0]
+                        text, reason = text + choice.get("text", ""), choice["finish_reason"] or reason
+                return r.status_code, text, reason
 
         def long_stream():
-            got["result"] = asyncio.run(_stream_all(url + "/v1/completions", {"prompt": "x", "max_tokens": 200}))
+            try:
+                got["result"] = asyncio.run(stream())
+            finally:
+                started.set()
 
         t = threading.Thread(target=long_stream)
         t.start()
-        time.sleep(0.3)  # the stream is under way (200 steps of 5 ms: 1 s)
+        assert started.wait(60), "no token came"
         os.kill(proc.pid, signal.SIGTERM)
         t.join(30)
         # uvicorn re-raises the signal once it has shut down, so the exit tells the parent why

@@ -69,30 +69,31 @@ OP = {"Authorization": f"Bearer {OPERATOR}"}
 
 
 class Served:
-    """`metroline serve --port 0` in a process of its own (it binds a free loopback port and says
-    which); stderr kept."""
+    """`metroline serve` in a process of its own on loopback port 0: the port the system gives it,
+    which it says on stderr once bound (binding a free port here and handing it over would leave a
+    window in which another process could take it); stderr kept."""
 
     def __init__(self, tmp: Path, cluster: bool, *flags: str) -> None:
         config = tmp / "serve.toml"
         config.write_text(CONFIG + (CLUSTER if cluster else ""))
         self.err = (tmp / "stderr.txt").open("w+")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port",
                                       "0", *SIM, *flags], stderr=self.err, env=env)
         deadline = time.monotonic() + 120
-        self.port = 0
+        while (found := re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", self.stderr())) is None:
+            assert self.proc.poll() is None, self.stderr()
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        self.port = int(found.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
         while True:
             assert self.proc.poll() is None, self.stderr()
-            if not self.port:
-                said = re.search(r"serving '[^']*' on http://127\.0\.0\.1:(\d+)", self.stderr())
-                self.port = int(said.group(1)) if said else 0
-                self.url = f"http://127.0.0.1:{self.port}"
-            if self.port:
-                try:
-                    if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.1)
 

@@ -24,6 +24,7 @@ pytest.importorskip("llguidance")
 pytest.importorskip("starlette")
 jsonschema = pytest.importorskip("jsonschema")
 
+from conftest import torch_threads  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 from sampling_models import bpe_tokenizer  # noqa: E402
 from test_serve import all_free_or_evictable, sim_server  # noqa: E402
@@ -40,7 +41,7 @@ from metroline.core.step.engine import Engine  # noqa: E402
 from metroline.executors.torch import TorchExecutor  # noqa: E402
 from metroline.plugins_contrib.structured_output import StructuredOutputSampler  # noqa: E402
 
-torch.set_num_threads(1)
+torch.set_num_threads(torch_threads())
 
 
 def obj(props: dict, required: list[str] | None = None) -> dict:

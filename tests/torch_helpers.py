@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import torch
+from conftest import torch_threads
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from metroline.core.config import EngineConfig
@@ -16,9 +17,7 @@ from metroline.executors.torch import TorchExecutor
 
 VOCAB = 128
 
-# the test machines are small and shared: torch's intra-op threads spinning against other
-# processes make tiny ops 20x slower, one thread does not
-torch.set_num_threads(1)
+torch.set_num_threads(torch_threads())  # 1 unless OMP_NUM_THREADS says otherwise (`conftest.torch_threads`)
 
 
 def tiny_llama(seed: int = 0) -> Any:

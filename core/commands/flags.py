@@ -110,7 +110,7 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-param", action="append", default=None, metavar="KEY=VALUE",
                    help="a cost model parameter, e.g. gpu=H100 (repeatable; default: the cost model's own)")
     p.add_argument("--host", help=f"address to listen on {default('host')}")
-    p.add_argument("--port", type=int, help=f"port {default('port')}")
+    p.add_argument("--port", type=int, help=f"port {default('port')}; 0: one the system picks, said when listening")
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="answer 429 at once past N waiting requests, 413 to a batch of more prompts (default: 1024)")
     p.add_argument("--ramp-s", type=float, metavar="S",

@@ -131,10 +131,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if with_replicas(args):
         return cmd_serve_replicas(args)
     config, serve_config, executor = serve_setup(args)
-    sock = listening_socket(serve_config)  # bound now: `--port 0` prints the port it got
-    port = sock.getsockname()[1]
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}", file=sys.stderr, flush=True)
-    serve(make_engine(config, executor), serve_config, on_stop=print_summary, sockets=[sock])
+
+    def listening(port: int) -> None:  # the bound port: the system's choice for --port 0
+        print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}", file=sys.stderr,
+              flush=True)
+
+    serve(make_engine(config, executor), serve_config, on_stop=print_summary, on_listen=listening)
     return 0
 
 
@@ -156,16 +158,14 @@ def cmd_serve_replicas(args: argparse.Namespace) -> int:
     app, serve_config = front_setup(args)
     front = app.state.front
     names = ", ".join(f"{r.name} ({r.pool}) {r.url}" for r in front.replicas)
+
+    def listening(port: int) -> None:  # the bound port: the system's choice for --port 0
+        print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{port}, router "
+              f"{'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr,
+              flush=True)
+
     try:
-        sock = listening_socket(serve_config)  # bound now: `--port 0` prints the port it got
-    except BaseException:
-        stop_all(front.replicas)
-        raise
-    print(f"metroline: serving {serve_config.model!r} on http://{serve_config.host}:{sock.getsockname()[1]}, "
-          f"router {'+'.join(front.router.names)} over {len(front.replicas)} replicas: {names}", file=sys.stderr,
-          flush=True)
-    try:
-        serve_app(app, serve_config, [sock])
+        serve_app(app, serve_config, on_listen=listening)
     finally:
         stop_all(front.replicas, timeout=serve_config.drain_s + 5)  # stopped already unless uvicorn failed
     return 0

@@ -5,7 +5,6 @@ for any app)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from typing import Any
 
@@ -62,35 +61,28 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(engine: Engine, serve_config: ServeConfig, tokenizer: Any = None, on_stop: Any = None,
-          sockets: list[Any] | None = None) -> None:
+          on_listen: Any = None) -> None:
     """Serve until SIGINT/SIGTERM: the server stops accepting, in-flight streams get `drain_s`
     seconds to finish, then the engine loop cancels the rest (each ends with an error event and
     `[DONE]`) and frees their blocks; then `on_stop(server)` (the app's `Server`), if given.
-    `sockets`: already bound (`listening_socket`), else uvicorn binds `host:port`."""
+    `on_listen(port)`: as in `serve_app`."""
     app = build_app(engine, serve_config, tokenizer)
     app.state.server.on_stop = on_stop
-    serve_app(app, serve_config, sockets)
+    serve_app(app, serve_config, on_listen=on_listen)
 
 
-def listening_socket(serve_config: ServeConfig) -> socket.socket:
-    """A socket bound to the config's `host:port` (port 0: a free port the system picks), so the
-    command can say where it listens before it serves (`sock.getsockname()[1]`)."""
-    family = socket.getaddrinfo(serve_config.host, serve_config.port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((serve_config.host, serve_config.port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None) -> None:
-    """Serve any ASGI app with the server's uvicorn settings until SIGINT/SIGTERM (on `sockets`,
-    already bound, when given)."""
-    DrainingServer(_uvicorn_config(app, serve_config)).run(sockets=sockets)
+def serve_app(app: Any, serve_config: ServeConfig, sockets: list[Any] | None = None, on_listen: Any = None) -> None:
+    """Serve any ASGI app with the server's uvicorn settings until SIGINT/SIGTERM, on `sockets`
+    (already bound) when given, else on a socket bound here to `serve_config`'s host and port;
+    `on_listen(port)`, if given, is called with the port it listens on (the one the system chose
+    for port 0) once bound, before serving: so a caller asking for port 0 learns its port with no
+    window in which another process could take it."""
+    config = _uvicorn_config(app, serve_config)
+    if sockets is None:
+        sockets = [config.bind_socket()]
+    if on_listen is not None:
+        on_listen(sockets[0].getsockname()[1])
+    DrainingServer(config).run(sockets=sockets)
 
 
 class AppThread:
