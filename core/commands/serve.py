@@ -126,7 +126,7 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from ..serving.server import listening_socket, make_engine, serve
+    from ..serving.server import make_engine, serve
 
     if with_replicas(args):
         return cmd_serve_replicas(args)
@@ -153,7 +153,7 @@ def print_summary(server: Any) -> None:
 def cmd_serve_replicas(args: argparse.Namespace) -> int:
     """Serve the front of `--replicas`/`--pools` until interrupted; the replicas are stopped with it."""
     from ..serving.replicas import stop_all
-    from ..serving.server import listening_socket, serve_app
+    from ..serving.server import serve_app
 
     app, serve_config = front_setup(args)
     front = app.state.front
