@@ -280,6 +280,8 @@ def find_dangling(root: Path, files: list[Path] | None = None) -> list[Dangling]
                     found.append(Dangling(rel, line_no, "path", target))
             for m in [*MODULE.finditer(text), *BARE_MODULE.finditer(text)]:
                 target = m.group(0).rstrip(".")
+                if re.fullmatch(rf"[\w.]+\.(?:{EXTENSIONS})", target) and (root / path.parent / target).exists():
+                    continue  # a file beside the referrer (`policies.md` in docs/guide), not a module
                 full = target if target.startswith("metroline.") else f"metroline.{target}"
                 old = next((o for o in moved if full == o or full.startswith(o + ".")), None)
                 if old is not None:
