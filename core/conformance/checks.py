@@ -17,6 +17,7 @@ from ..step.intake import all_sequences
 from ..step.victim_loop import REFUSALS_PER_STEP
 from ..workloads.build import Workload
 from .hook_coverage import watch
+from .kv_leaks import kv_leaks
 
 PER_STEP_LIMITS: dict[str, int] = {
     "admission": 1,
@@ -109,16 +110,7 @@ def run_once(
 
 
 def check_drained(engine: Any, label: str, failures: list[str]) -> None:
-    pool = engine.pool
-    try:
-        pool.check_invariants([])
-    except AssertionError as exc:
-        failures.append(f"{label}: KV invariant after drain: {exc}")
-    if pool.num_used_blocks():
-        failures.append(f"{label}: {pool.num_used_blocks()} blocks still used after every request ended")
-    swap = engine.scheduler.swap
-    if swap is not None and swap.num_free_blocks() != swap.num_blocks:
-        failures.append(f"{label}: {swap.num_blocks - swap.num_free_blocks()} host blocks leaked")
+    failures.extend(f"{label}: after every request ended: {leak}" for leak in kv_leaks(engine))
     for rid, seqs in engine.intake.requests.items():
         for seq in all_sequences(seqs):
             if seq.finish_reason is None:

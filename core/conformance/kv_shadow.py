@@ -39,6 +39,7 @@ from collections import Counter
 from typing import Any
 
 from ...kv_backends.block_ops import COPY, SWAP_IN, SWAP_OUT
+from .kv_leaks import kv_leaks
 
 MAX_ERRORS = 20
 """Errors kept: the first wrong read usually explains the ones after it."""
@@ -264,16 +265,8 @@ class KVShadow:
             raise RuntimeError("check_drained needs an engine: call attach(engine) first")
         if engine.has_unfinished():
             self._fail("check_drained: requests are still unfinished")
-        pool = engine.pool
-        try:
-            pool.check_invariants([])
-        except AssertionError as exc:
-            self._fail(f"after the run: KV pool invariant: {exc}")
-        if pool.num_used_blocks():
-            self._fail(f"after the run: {pool.num_used_blocks()} device blocks leaked (still referenced)")
-        swap = engine.scheduler.swap
-        if swap is not None and swap.num_free_blocks() != swap.num_blocks:
-            self._fail(f"after the run: {swap.num_blocks - swap.num_free_blocks()} host blocks leaked")
+        for leak in kv_leaks(engine):
+            self._fail(f"after the run: {leak}")
         return self.errors
 
     def assert_clean(self) -> None:
