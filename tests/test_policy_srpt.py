@@ -151,10 +151,10 @@ class FixedEstimator:
 def test_an_estimate_that_is_not_an_int_of_at_least_zero_is_refused_naming_the_plugin(answer, shown):
     """The hook's contract: an int >= 0 or None. srpt orders by the answer, so -1 would put the
     request ahead of every true estimate; the engine refuses it at the hook, naming the plugin,
-    the hook and the limit, before srpt uses it."""
+    the hook, the request and the limit, before srpt uses it."""
     engine = make_engine(policy="srpt", max_num_seqs=1, plugins=[FixedEstimator(answer)])
     engine.add_request(hinted("r", 4, None, arrival_time=0.0))
-    with pytest.raises(PluginError, match=(r"plugin 'fixed_estimator', hook 'estimate_output_tokens': "
+    with pytest.raises(PluginError, match=(r"plugin 'fixed_estimator', hook 'estimate_output_tokens', request 'r': "
                                            rf"expected an int >= 0, got {re.escape(shown)}")):
         run_to_end(engine)
 
