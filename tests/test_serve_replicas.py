@@ -22,6 +22,7 @@ pytest.importorskip("uvicorn")
 from test_serve import metrics, sim_server  # noqa: E402
 
 from metroline.cli import build_parser  # noqa: E402
+from metroline.core.cluster.view import RouteRequest  # noqa: E402
 from metroline.core.commands.serve import front_setup  # noqa: E402
 from metroline.core.serving.front import REPLICA_HEADER  # noqa: E402
 from metroline.core.serving.server import AppThread  # noqa: E402
@@ -162,8 +163,11 @@ def test_a_sim_replica_killed_leaves_the_front_on_the_survivor_and_503_without_a
             r = httpx.post(front.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2})
             assert (r.status_code, r.headers[REPLICA_HEADER]) == (200, "r1")
         assert httpx.get(front.url + "/health").json()["replicas"] == {"r0": False, "r1": True}
+        route = front.app.state.front._chooser(RouteRequest("q", 0.0, [1, 2], 2), None)
+        assert json.loads(route({1}).body)["error"]["message"] == "no other replica is up"  # r1 lives on
         os.kill(handles[1].pid, signal.SIGKILL)
         handles[1].process.join(5)
+        # the dead r1 found at dispatch or by a poll, whichever comes first: no replica at all
         r = httpx.post(front.url + "/v1/completions", json={"prompt": "none left", "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["message"] == "no replica is up"
         assert httpx.get(front.url + "/health").status_code == 503

@@ -125,15 +125,17 @@ class Front:
         """`route(tried)`: the view the router picks among the live replicas not tried yet (and in
         the request's canary arm), or the error response when it cannot."""
         def route(tried: set[int]) -> Any:
-            live = self.live()
+            up = live = self.live()
             if tried or arms is not None:
                 live = tuple(v for v in live if v.slot not in tried
                              and (arms is None or self.canary.allows(v.slot, arms)))
                 for i, v in enumerate(live):
                     v.index = i
             if not live:
+                # "other" only while some replica is still up (one this request already tried):
+                # a replica found dead at dispatch leaves the same answer as one found dead by a poll
                 self.metrics.refused.labels("no_replica").inc()
-                return error(503, "no replica is up" if not tried else "no other replica is up", "server_error")
+                return error(503, "no other replica is up" if tried and up else "no replica is up", "server_error")
             try:
                 answer = self.router.choose(request, live)
             except PluginError as exc:
