@@ -171,6 +171,16 @@ def test_summary_keys_exact(collector):
     assert tuple(summary_of(collector)) == SUMMARY_KEYS
 
 
+def test_recompute_tax_is_recomputed_over_every_computed_token(collector):
+    # the steps computed 10 + 6 + 0 + 0 prefill and 0 + 0 + 2 + 1 decode tokens: 19; a recomputed 5
+    assert summary_of(collector)["recompute_tax"] == 5 / 19
+    kw = dict(max_num_seqs=MAX_NUM_SEQS, kv_peak_blocks=9, wall_s=0.05)
+    tenants = summarize_by_tenant(collector.requests, collector.steps, **kw)
+    assert tenants["alice"]["recompute_tax"] == 5 / 19  # a tenant's share of the run's tax
+    assert tenants["bob"]["recompute_tax"] == 0.0
+    assert summarize([], [], **kw)["recompute_tax"] is None  # nothing computed
+
+
 def test_counts_and_latencies(collector):
     s = summary_of(collector)
     assert (s["requests"], s["completed"], s["rejected"]) == (5, 3, 1)

@@ -30,6 +30,7 @@ ROWS = (
     ("queue mean (s)", "queue_s", "mean", "num"),
     ("preemptions", "preemptions", None, "int"),
     ("recomputed tokens", "recomputed_tokens", None, "int"),
+    ("recompute tax", "recompute_tax", None, "pct"),
     ("slot utilisation", "slot_utilization", None, "pct"),
 )
 """(row label, summary key, statistic or None for a scalar, format) of the comparison table."""

@@ -55,6 +55,8 @@ SHIPPED: dict[str, str] = {
     "prefix_aware": "metroline.plugins_contrib.prefix_aware:PrefixAware",
     "slo_classes": "metroline.plugins_contrib.slo_classes:SLOClasses",
     "tenant_shares": "metroline.plugins_contrib.tenant_shares:TenantShares",
+    # the vLLM community's proposed policies (docs/guide/community-policies.md)
+    "least_computed": "metroline.plugins_contrib.least_computed:LeastComputed",
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 

@@ -38,6 +38,7 @@ PAIRED_METRICS: tuple[tuple[str, tuple[str, ...], str | None, float, str], ...] 
     ("prefix hit rate", ("summary", "prefix_hit_rate"), "higher", 100.0, "%"),
     ("preemptions", ("summary", "preemptions"), "lower", 1.0, ""),
     ("recomputed tokens", ("summary", "recomputed_tokens"), "lower", 1.0, ""),
+    ("recompute tax", ("summary", "recompute_tax"), "lower", 100.0, "%"),
     ("slot utilisation", ("summary", "slot_utilization"), None, 100.0, "%"),
     ("Jain min", ("fairness", "min_jain"), "higher", 1.0, ""),
     ("deadlines met", ("deadlines", "attainment"), "higher", 100.0, "%"),
@@ -48,7 +49,8 @@ A metric missing from the documents (`unfinished` without a horizon) is left out
 
 METRIC_KINDS: dict[str, str] = {
     "output_throughput_tok_s": "throughput", "request_throughput_req_s": "throughput", "completed": "count",
-    "unfinished": "count", "preemptions": "count", "recomputed_tokens": "count", "prefix_hit_rate": "share",
+    "unfinished": "count", "preemptions": "count", "recomputed_tokens": "count", "recompute_tax": "share",
+    "prefix_hit_rate": "share",
     "min_jain": "share", "attainment": "share",
 }
 """The kind of each metric without a latency's (`multiplicity.MIN_EFFECT`), by its path's last key."""

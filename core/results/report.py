@@ -53,6 +53,7 @@ HEADLINE = (
     ("throughput (req/s)", "request_throughput_req_s", lambda v: fmt_float(v, 3)),
     ("preemptions", "preemptions", fmt_int),
     ("recomputed tokens", "recomputed_tokens", fmt_int),
+    ("recompute tax", "recompute_tax", fmt_pct),
     ("prefix hit rate", "prefix_hit_rate", fmt_pct),
     ("KV peak blocks", "kv_peak_blocks", fmt_int),
     ("mean batch", "mean_batch_size", fmt_float),

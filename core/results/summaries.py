@@ -29,7 +29,7 @@ LATENCY_FIELDS = ("mean", "p50", "p90", "p95", "p99", "max")
 SUMMARY_KEYS = (
     "requests", "completed", "rejected", "steps", "duration_s", "wall_s", "output_tokens",
     "output_throughput_tok_s", "request_throughput_req_s", "ttft_s", "tpot_s", "itl_s", "e2e_s",
-    "queue_s", "preemptions", "recomputed_tokens", "prefix_hit_rate", "kv_peak_blocks",
+    "queue_s", "preemptions", "recomputed_tokens", "recompute_tax", "prefix_hit_rate", "kv_peak_blocks",
     "mean_batch_size", "slot_utilization", "prefill_token_share", "zero_decode_steps",
 )
 """Keys of a summary dict, in display order."""
@@ -132,6 +132,7 @@ def _step_stats(steps: list[tuple], max_num_seqs: int, kv_peak_blocks: int) -> d
         "slot_utilization": _ratio(sum(s[RUNNING] for s in steps), n * max_num_seqs),
         "prefill_token_share": _ratio(prefill, prefill + decode),
         "zero_decode_steps": sum(1 for s in steps if s[DECODING] > 0 and s[DECODE_TOKENS] == 0),
+        "computed_tokens": prefill + decode,  # not a summary key: the recompute tax's denominator
     }
 
 
@@ -144,8 +145,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def recompute_tax(recomputed_tokens: int, computed_tokens: int) -> float | None:
+    """The recompute tax (vLLM RFC #54644): the share of the tokens the steps computed
+    (prefill and decode tokens scheduled, over the whole step log) that computed again what a
+    recompute preemption had thrown away (`recomputed_tokens`: a readmitted request's lost tokens
+    less its prefix-cache hit). None when no token was computed."""
+    return _ratio(recomputed_tokens, computed_tokens)
+
+
 def _assemble(record_stats: dict[str, Any], step_stats: dict[str, Any]) -> dict[str, Any]:
     merged = {**record_stats, **step_stats}
+    merged["recompute_tax"] = recompute_tax(record_stats["recomputed_tokens"], step_stats["computed_tokens"])
     return {k: _finite(merged[k]) for k in SUMMARY_KEYS}
 
 
@@ -168,6 +178,8 @@ def summarize(
       `request_throughput_req_s` = completed / duration_s (both 0 when the duration is 0).
     - `preemptions`, `recomputed_tokens`: sums over records; `prefix_hit_rate`: prompt tokens served
       from the prefix cache / prompt tokens, over admitted records; `kv_peak_blocks` as given.
+    - `recompute_tax`: `recomputed_tokens` / every token the steps computed (prefill + decode
+      tokens of the step log; see `recompute_tax`).
     - From the step log: `steps`; `mean_batch_size` (scheduled sequences per step);
       `slot_utilization` (mean of running / max_num_seqs); `prefill_token_share` (prefill tokens /
       all tokens); `zero_decode_steps` (steps where some sequence wanted a decode token and none
@@ -187,6 +199,8 @@ def summarize_by_tenant(
     mean_batch_size, slot_utilization, prefill_token_share, zero_decode_steps, kv_peak_blocks)
     repeat the global value in every tenant's summary. `duration_s` is the tenant's own span (its
     first arrival to its last finish), so throughputs are over the time the tenant was active.
+    A tenant's `recompute_tax` is its requests' recomputed tokens over every token the run
+    computed (its share of the run's tax: the tenants' taxes add up to the run's).
     """
     return _summarize_groups(records, steps, lambda r: r.tenant, max_num_seqs, kv_peak_blocks, wall_s)
 
