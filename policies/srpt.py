@@ -138,11 +138,17 @@ class SRPT:
 
     # --- observers -----------------------------------------------------------------------------
 
+    def queue_key(self, ctx: StepContext, seq: Sequence) -> tuple:
+        """The admission key of `seq`, computed when it joins the queue (least first):
+        `(remaining, arrival_time, arrival_no, index)`. A subclass may key otherwise
+        (`metroline.plugins_contrib.residual_sjf` adds the prefix cache and aging)."""
+        return (self.remaining(ctx, seq), seq.arrival_time, seq.arrival_no, seq.index)
+
     def _push(self, ctx: StepContext, seqs: list[Sequence]) -> None:
-        push, remaining = self.queue.push, self.remaining
+        push, key = self.queue.push, self.queue_key
         n = len(ctx.waiting) + len(ctx.swapped)
         for s in seqs:
-            push(s, (remaining(ctx, s), s.arrival_time, s.arrival_no, s.index), n)
+            push(s, key(ctx, s), n)
         if self.by_arrival is not None:
             push = self.by_arrival.push
             for s in seqs:

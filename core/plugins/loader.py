@@ -57,6 +57,7 @@ SHIPPED: dict[str, str] = {
     "tenant_shares": "metroline.plugins_contrib.tenant_shares:TenantShares",
     # the vLLM community's proposed policies (docs/guide/community-policies.md)
     "least_computed": "metroline.plugins_contrib.least_computed:LeastComputed",
+    "residual_sjf": "metroline.plugins_contrib.residual_sjf:ResidualSJF",
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 
