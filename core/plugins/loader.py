@@ -58,6 +58,7 @@ SHIPPED: dict[str, str] = {
     # the vLLM community's proposed policies (docs/guide/community-policies.md)
     "least_computed": "metroline.plugins_contrib.least_computed:LeastComputed",
     "residual_sjf": "metroline.plugins_contrib.residual_sjf:ResidualSJF",
+    "session_affinity": "metroline.plugins_contrib.session_affinity:SessionAffinity",
 }
 """Shipped plugins by name: the policies and the contrib building blocks."""
 
