@@ -15,12 +15,16 @@
   per tenant (`Split.shares`), served first, what a tenant leaves unused going to the others;
   a `split_budget` wrapper, so it stacks on any policy.
   `--policy fcfs --plugin tenant_shares`
+- `least_computed` (`LeastComputed`), `residual_sjf` (`ResidualSJF`), `session_affinity`
+  (`SessionAffinity`): policies the vLLM community proposed (least-computed-first victim,
+  residual-aware SJF with aging, bounded session affinity), each a module of a few dozen lines;
+  docs/guide/community-policies.md compares each with its baseline on real traces.
 - `structured_output` (`StructuredOutputSampler`): a request's output held to a JSON schema (or
   any JSON object) by llguidance's grammar on the model's logits, a `sample` wrapper around any
   sampler. Not shipped by name: the torch executor brings it, built with its tokenizer
   (`TorchExecutor.plugins()`); the server fills it from OpenAI's `response_format`.
 
-The first four are registered by name in `metroline.core.plugins.manager.SHIPPED`; options go in the config file's
+All but `structured_output` are registered by name in `metroline.core.plugins.manager.SHIPPED`; options go in the config file's
 `[plugin_options.NAME]` table and are declared by each class's `Options` model (`metroline
 plugins` lists them). See each class's docstring and docs/contrib.md.
 """
