@@ -18,19 +18,16 @@ class ResidualSJF(SRPT):
     """Admit the request with the least residual work first, aged by its wait.
 
     Decides the admission order (everything else is `srpt`'s, see `metroline.policies.srpt.SRPT`).
-    A waiting request's key, computed when it joins the queue (its arrival, or its preemption):
-
-        residual = prefill_weight x max(0, tokens to prefill - tokens the prefix cache holds)
-                   + expected output tokens still to generate
-        key      = residual - aging_rate x seconds waited
-
+    A waiting request's key, computed when it joins the queue (its arrival, or its preemption),
+    is `residual - aging_rate x seconds waited`, where `residual = prefill_weight x max(0, tokens
+    to prefill - tokens the prefix cache holds) + expected output tokens still to generate`:
     least first, ties by arrival. `srpt` counts a prompt at its full length; a prompt whose
     leading blocks are cached (a conversation's next turn, a shared system prompt) costs only the
     rest (`cache_aware`, on by default; a swapped request brings its computed tokens back, so
     only its uncomputed ones count, as in `srpt`). The cache is looked up once, at queueing: a
     prefix cached or evicted while the request waits does not move it.
 
-    Aging: `key` orders requests exactly as `residual + aging_rate x arrival_time` does, whatever
+    Aging: the key orders requests exactly as `residual + aging_rate x arrival_time` does, whatever
     the clock, so the queue is keyed once and never re-sorted. A request with residual `R` is
     admitted after a later arrival with residual `r` only if that one arrived less than
     `(R - r) / aging_rate` seconds after it: no request is overtaken by requests that arrive more
