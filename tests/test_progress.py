@@ -24,10 +24,10 @@ from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
 from metroline.kv_backends.block_ops import SWAP_OUT
 
-POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware")
+POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware", "residual_sjf")
 STACKING = (
     "decode_first", "prefill_first", "weighted_budget", "reserve", "auto_preemption", "tenant_quota", "slo_classes",
-    "adaptive_speculation",
+    "adaptive_speculation", "least_computed", "session_affinity",
 )
 TENANTS = ("a", "b", "c")
 
@@ -67,6 +67,7 @@ def scenarios(draw):
         "weighted_fair": {"preempt": draw(st.booleans())},
         "slo_classes": {"classes": {"a": "interactive"}},
         "tenant_quota": {"default_max_running": 3, "token_rate": {"b": 400.0}, "burst": 200.0},
+        "session_affinity": {"prefix_tokens": 8, "max_head_wait_s": 10.0},
     }
     options = {name: o for name, o in options.items() if name == policy or name in stack}  # loaded ones only
     budget = draw(st.one_of(st.integers(4, 8), st.integers(4, 64)))

@@ -26,11 +26,11 @@ from ..plugins.victims import last_admitted
 from ..requests.sequence import RUNNING
 from .kv_shadow import KVShadow
 
-POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware")
+POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "prefix_aware", "residual_sjf")
 """The shipped base policies a scenario runs under."""
 STACKING = (
     "decode_first", "prefill_first", "weighted_budget", "reserve", "auto_preemption", "tenant_quota", "slo_classes",
-    "tenant_shares", "prefix_aware", "length_mean", "adaptive_speculation",
+    "tenant_shares", "prefix_aware", "length_mean", "adaptive_speculation", "least_computed", "session_affinity",
 )
 """The shipped plugins a scenario may stack on its policy (at most three)."""
 NEWEST_VICTIM = "metroline.core.conformance.kv_chaos:NewestVictim"
@@ -171,6 +171,7 @@ def draw_scenario(draw: Draw) -> Scenario:
         "slo_classes": {"classes": {"a": "interactive"}},
         "tenant_quota": {"default_max_running": 3, "token_rate": {"b": 400.0}, "burst": 200.0},
         "tenant_shares": {"shares": {"a": 0.3}},
+        "session_affinity": {"prefix_tokens": 8, "max_head_wait_s": 10.0},
     }
     options = {name: o for name, o in options.items() if name == policy or name in stack}
     budget = draw.integers(1, 8) if draw.boolean() else draw.integers(1, 96)
