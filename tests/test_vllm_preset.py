@@ -16,7 +16,8 @@ from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 
 DATA = Path(__file__).parent / "data"
-RECORDINGS = sorted(p for p in DATA.glob("vllm_*.json") if not p.name.endswith("matrix.json"))  # test_vllm_*matrix
+RECORDINGS = sorted(p for p in DATA.glob("vllm_*.json")
+                    if not p.name.endswith(("matrix.json", "fuzz.json")))  # test_vllm_*matrix, test_vllm_fuzz
 
 
 def replay_like(recording: dict, **config) -> tuple[dict, dict[str, tuple]]:
