@@ -16,7 +16,7 @@ comparison is per request (first-scheduled, first-token and finish times bit-equ
 preemptions) and per case (steps and preemptions). A case is identical when all of them are.
 
     # vLLM's side live (the venv of bench/vllm_reference.py's docstring), recorded as a corpus
-    /work/vllm-venv/bin/python bench/vllm_fuzz.py --live --cases 1500 --record tests/data/vllm_fuzz.json
+    /work/vllm-venv/bin/python bench/vllm_fuzz.py --live --cases 2600 --record tests/data/vllm_fuzz.json
     # compare metroline with the corpus (no vLLM needed)
     PYTHONPATH=.. python bench/vllm_fuzz.py
     # one case, request by request
