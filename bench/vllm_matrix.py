@@ -91,14 +91,10 @@ def workload_of(recording: dict, traces_dir=None):
     return workload
 
 
-def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dict, dict[str, tuple]]:
-    """Run the recording's workload under `--preset vllm` with its engine; the summary (with the
-    `speculation` counters under speculative decoding) and each request's (first scheduled, first
-    token, finish) times."""
+def metroline_config(recording: dict, **overrides):
+    """The `EngineConfig` under `--preset vllm` of the recording's `engine` table (fields as
+    `vllm_reference.engine_fields` names them), with `overrides` on top."""
     from metroline.core.config import EngineConfig
-    from metroline.core.experiments.runner import run_workload
-    from metroline.executors.cost_models import make_cost_model
-    from metroline.executors.simulated import SimulatedExecutor
 
     e = recording["engine"]
     fields = {k: e[k] for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")}
@@ -108,13 +104,28 @@ def replay_metroline(recording: dict, traces_dir=None, **overrides) -> tuple[dic
         fields["max_prefill_chunk_adaptive"] = True
     if e.get("speculative_config"):
         fields["speculative_config"] = e["speculative_config"]
-    cfg = EngineConfig(preset="vllm", **{**fields, **overrides})
-    doc, engine = run_workload(workload_of(recording, traces_dir), cfg,
-                               SimulatedExecutor(make_cost_model("steps", step_time=e["step_time"])))
-    times = {r.id: (r.first_scheduled_s, r.first_token_s, r.finish_s) for r in engine.metrics.requests}
+    if e.get("enable_chunked_prefill") is False:
+        fields["enable_chunked_prefill"] = False
+    return EngineConfig(preset="vllm", **{**fields, **overrides})
+
+
+def replay_metroline(recording: dict, traces_dir=None, workload=None, **overrides) -> tuple[dict, dict[str, tuple]]:
+    """Run the recording's workload (or `workload`) under `--preset vllm` with its engine; the
+    summary (with the `speculation` counters under speculative decoding, and `records`: each
+    request's `RequestRecord`) and each request's (first scheduled, first token, finish) times."""
+    from metroline.core.experiments.runner import run_workload
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.simulated import SimulatedExecutor
+
+    cfg = metroline_config(recording, **overrides)
+    doc, engine = run_workload(workload or workload_of(recording, traces_dir), cfg,
+                               SimulatedExecutor(make_cost_model("steps", step_time=recording["engine"]["step_time"])))
+    records = {r.id: r for r in engine.metrics.requests}
+    times = {rid: (r.first_scheduled_s, r.first_token_s, r.finish_s) for rid, r in records.items()}
+    summary = {**doc["summary"], "records": records}
     if "speculation" in doc:  # speculative decoding's counters beside the summary's figures
-        return {**doc["summary"], "speculation": doc["speculation"]}, times
-    return doc["summary"], times
+        summary["speculation"] = doc["speculation"]
+    return summary, times
 
 
 def recorded_times(recording: dict) -> dict[str, tuple]:
@@ -131,17 +142,22 @@ def compare(recording: dict, traces_dir=None) -> dict:
             "finish": 100 * same[2] / n, "preemptions": (summary["preemptions"], recording["preemptions"])}
 
 
+def vllm_args(engine: dict) -> argparse.Namespace:
+    """`vllm_reference`'s engine flags for a recording's `engine` table."""
+    e = engine
+    return argparse.Namespace(
+        num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
+        max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
+        step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=e.get("max_prefill_chunk"),
+        max_prefill_chunk_adaptive=e.get("max_prefill_chunk_adaptive", False),
+        no_prefix_sharing=not e["enable_prefix_caching"], speculative_config=e.get("speculative_config"),
+        no_chunked_prefill=e.get("enable_chunked_prefill") is False)
+
+
 def replay_vllm(ref, rec: dict, model_dir: Path, traces_dir=None) -> dict:
     """vLLM's side of the cell recording `rec` (its workload and `engine` table), added to `rec`:
     preemptions, steps, each request's times (and vLLM's drafts under speculative decoding)."""
-    e = rec["engine"]
-    args = argparse.Namespace(
-        num_blocks=e["num_blocks"], block_size=e["block_size"], max_num_seqs=e["max_num_seqs"],
-        max_batched_tokens=e["max_num_batched_tokens"], max_model_len=e["max_model_len"],
-        step_time=e["step_time"], policy=e["policy"], max_prefill_chunk=e["max_prefill_chunk"],
-        max_prefill_chunk_adaptive=e["max_prefill_chunk_adaptive"], no_prefix_sharing=not e["enable_prefix_caching"],
-        speculative_config=e.get("speculative_config"))
-    result = ref.replay(args, workload_of(rec, traces_dir), model_dir)
+    result = ref.replay(vllm_args(rec["engine"]), workload_of(rec, traces_dir), model_dir)
     rec.update(preemptions=result["preemptions"], steps=result["steps"], times={
         rid: [r["first_scheduled"][1], r["first_token"][1], r["finish"][1]] for rid, r in result["requests"].items()})
     if "drafts" in result:

@@ -83,7 +83,8 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path):
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=args.max_model_len,
                         dtype="float32", seed=0)
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-                            max_model_len=args.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
+                            max_model_len=args.max_model_len, is_encoder_decoder=False,
+                            enable_chunked_prefill=not getattr(args, "no_chunked_prefill", False),
                             policy=args.policy, long_prefill_token_threshold=args.max_prefill_chunk or 0,
                             long_prefill_token_threshold_adaptive=args.max_prefill_chunk_adaptive)
     cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=not args.no_prefix_sharing)
@@ -257,6 +258,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-chunk-adaptive", action="store_true",
                    help="vLLM's long_prefill_token_threshold_adaptive")
     p.add_argument("--no-prefix-sharing", action="store_true", help="vLLM without prefix caching")
+    p.add_argument("--no-chunked-prefill", action="store_true",
+                   help="vLLM's enable_chunked_prefill=False (metroline's enable_chunked_prefill=false)")
     p.add_argument("--speculative-config", type=json.loads,
                    help="speculative decoding: metroline's SpeculativeConfig as JSON (method ngram)")
 
@@ -267,7 +270,8 @@ def engine_fields(args: argparse.Namespace) -> dict:
             "max_num_batched_tokens": args.max_batched_tokens, "max_model_len": args.max_model_len,
             "step_time": args.step_time, "policy": args.policy, "max_prefill_chunk": args.max_prefill_chunk,
             "max_prefill_chunk_adaptive": args.max_prefill_chunk_adaptive,
-            "enable_prefix_caching": not args.no_prefix_sharing, "speculative_config": args.speculative_config}
+            "enable_prefix_caching": not args.no_prefix_sharing, "speculative_config": args.speculative_config,
+            "enable_chunked_prefill": not args.no_chunked_prefill}
 
 
 def main(argv: list[str] | None = None) -> int:

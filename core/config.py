@@ -16,6 +16,7 @@ PreemptionMode = Literal["recompute", "swap"]
 AdmissionGate = Literal["full_prompt", "first_chunk"]
 PrefixMatch = Literal["block", "token"]
 SpeculativeScheduling = Literal["lean", "vllm"]
+BudgetMode = Literal["split", "one"]
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 """Presets as data: one table per preset, of `EngineConfig` fields (and a `description`)."""
@@ -110,6 +111,18 @@ class EngineConfig(BaseModel):
       (the stop check cuts the accepted run); a request keeps the blocks of its rejected slots
       until it ends or is preempted; and a request admitted one token short of decoding while no
       prefill chunk runs is padded to `1 + k` tokens with drafts that are never accepted.
+    - `budget_mode` (default "split"): how the step spends `split_budget`'s shares. "split": the
+      decode share is held for the running decodes (and their drafts) and the prefill share for
+      prefill chunks, so a long prefill served ahead of decodes never takes their tokens (the
+      decodes' pace does not depend on the order), and a split a policy asks for is honoured.
+      "one", as vLLM's scheduler: the shares are one budget (their sum) spent in serving order;
+      a prefill chunk ahead of decodes may take their tokens, a decode's drafts are cut to what
+      is left, and a victim's scheduled tokens go back to that one budget.
+    - `enable_chunked_prefill` (default True; vLLM's option of that name): False admits a
+      waiting request only when its tokens (within the chunk cap `max_prefill_chunk`, which still
+      cuts them, as vLLM's does) fit whole in what is left of the step's budget; the first that
+      does not ends admission for the step. It needs `max_num_batched_tokens >= max_model_len`
+      (vLLM's rule), so that every request fits in one step.
     - `preset` names a bundle of these fields (`presets.toml`, e.g. "vllm"); fields given
       explicitly override the preset's.
 
@@ -144,6 +157,8 @@ class EngineConfig(BaseModel):
     preset: str | None = None
     speculative_config: SpeculativeConfig | None = None
     speculative_scheduling: SpeculativeScheduling = "lean"
+    budget_mode: BudgetMode = "split"
+    enable_chunked_prefill: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -162,6 +177,12 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"max_prefill_chunk ({self.max_prefill_chunk}) must not exceed "
                 f"max_num_batched_tokens ({self.max_num_batched_tokens})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"enable_chunked_prefill=false needs max_num_batched_tokens ({self.max_num_batched_tokens}) >= "
+                f"max_model_len ({self.max_model_len}): without chunking a request's prompt is computed in one "
+                "step; raise max_num_batched_tokens or lower max_model_len"
             )
         if self.preemption_mode == "swap" and self.swap_space_blocks < 1:
             raise ValueError("preemption_mode='swap' needs swap_space_blocks >= 1")

@@ -152,6 +152,25 @@ def test_dropping_a_scheduled_sequence_gives_back_exactly_its_tokens_drafts_and_
     assert (state.decode_left, state.prefill_left, state.prefills_left) == (16, 16, 2)
 
 
+def test_one_budget_charges_both_views_and_a_victim_gives_its_tokens_back_to_both():
+    # budget_mode "one" (vLLM's one token budget): a prefill spends the decodes' tokens too, and
+    # the other way round; a dropped victim's tokens return to the one budget
+    engine = make_engine()
+    for rid in ("decode", "prefill"):
+        engine.add_request(request(rid, 4, max_new=4))
+    decode, prefill = (engine.sequences(r)[0] for r in ("decode", "prefill"))
+    state = StepState(StepPlan(1, 4), engine.scheduler.ctx, None, one_budget=True)
+    state.set_budget(16, 16, 2)  # one budget of 16 (the split phase sums the shares), seen by both views
+    state.schedule(prefill, 10, False)
+    assert (state.decode_left, state.prefill_left, state.prefills_left, state.tokens_left()) == (6, 6, 1, 6)
+    state.schedule(decode, 3, True, drafts=2)
+    assert (state.decode_left, state.prefill_left, state.tokens_left()) == (3, 3, 3)
+    state.drop(prefill)
+    assert (state.decode_left, state.prefill_left, state.prefills_left) == (13, 13, 2)
+    state.drop(decode)
+    assert (state.decode_left, state.prefill_left, state.tokens_left()) == (16, 16, 16)
+
+
 # --- max_prefills on running prefills (metroline.core.step.running) -----------------------------
 
 

@@ -16,7 +16,8 @@ from metroline.executors.cost_models import make_cost_model
 from metroline.executors.simulated import SimulatedExecutor
 
 DATA = Path(__file__).parent / "data"
-RECORDINGS = sorted(p for p in DATA.glob("vllm_*.json") if not p.name.endswith("matrix.json"))  # test_vllm_*matrix
+RECORDINGS = sorted(p for p in DATA.glob("vllm_*.json")
+                    if not p.name.endswith(("matrix.json", "fuzz.json")))  # test_vllm_*matrix, test_vllm_fuzz
 
 
 def replay_like(recording: dict, **config) -> tuple[dict, dict[str, tuple]]:
@@ -131,3 +132,55 @@ def test_a_recomputed_twin_block_keeps_the_prompts_last_hash_cached():
 def test_a_long_prompt_alone_takes_the_whole_budget_and_two_at_once_are_capped():
     records = case("rule5_alone")  # 640-token prompts, budget 256, max_prefill_chunk 64
     assert [round((r.first_token_s - r.first_scheduled_s) / 0.01) for r in (records["0"], records["2"])] == [3, 10]
+
+
+# --- vLLM's options the preset maps (issue 36); the fuzz corpus (tests/test_vllm_fuzz.py) holds
+# them to vLLM's own scheduler on random configurations, here what each rule does
+
+
+def first_scheduled_steps(requests: list[tuple[int, int]], **config) -> tuple[list[int], dict]:
+    """Replay `requests` ((prompt tokens, output tokens), all arriving at 0) under the vllm preset
+    with 10 ms steps; each request's first scheduled step (0-based) and the run's document."""
+    from metroline.core.workloads.items import Workload, WorkloadItem
+
+    items = [WorkloadItem(arrival_s=0.0, segments=((f"r{i}", p),), output_len=o) for i, (p, o) in enumerate(requests)]
+    doc, engine = run_workload(Workload(name="t", items=items), EngineConfig(preset="vllm", **config),
+                               SimulatedExecutor(make_cost_model("steps", step_time=0.01)))
+    records = {r.id: r for r in engine.metrics.requests}
+    return [round(records[str(i)].first_scheduled_s / 0.01) for i in range(len(requests))], doc
+
+
+def test_without_chunked_prefill_a_prompt_that_does_not_fit_whole_waits_for_the_next_step():
+    # budget 64: the first prompt takes 40; the second's 40 do not fit in the 24 left
+    config = {"max_num_batched_tokens": 64, "max_model_len": 64}
+    assert first_scheduled_steps([(40, 2), (40, 2)], **config)[0] == [0, 0]  # chunked: 40 + 24
+    assert first_scheduled_steps([(40, 2), (40, 2)], enable_chunked_prefill=False, **config)[0] == [0, 1]
+    # the chunk cap still cuts a prompt, as vLLM's long_prefill_token_threshold does without chunking
+    steps, _ = first_scheduled_steps([(40, 2), (40, 2)], enable_chunked_prefill=False, max_prefill_chunk=24, **config)
+    assert steps == [0, 0]
+
+
+def test_chunked_prefill_off_needs_a_budget_that_holds_the_longest_request():
+    with pytest.raises(ValueError, match=r"enable_chunked_prefill=false needs max_num_batched_tokens \(2048\) >= "
+                                         r"max_model_len \(32768\)"):
+        EngineConfig(preset="vllm", enable_chunked_prefill=False)
+    assert EngineConfig(enable_chunked_prefill=False, max_model_len=2048).enable_chunked_prefill is False
+
+
+def test_the_preset_maps_vllms_budget_and_chunking():
+    cfg = EngineConfig(preset="vllm")
+    assert (cfg.budget_mode, cfg.enable_chunked_prefill, cfg.speculative_scheduling) == ("one", True, "vllm")
+    lean = EngineConfig()
+    assert (lean.budget_mode, lean.enable_chunked_prefill, lean.speculative_scheduling) == ("split", True, "lean")
+
+
+def test_the_chunk_cap_cuts_a_decodes_drafts_under_the_preset():
+    # two decodes with 4 drafts each, none accepted, 5 decode steps each: the cap of 2 tokens
+    # (two requests are eligible) leaves each decode 1 draft (vLLM cuts a request's 1 + k tokens
+    # at long_prefill_token_threshold); without the cap each carries its 4
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "acceptance_rate": 0.0}
+    config = {"max_num_batched_tokens": 64, "speculative_config": spec}
+    _, doc = first_scheduled_steps([(2, 6), (2, 6)], max_prefill_chunk=2, **config)
+    assert doc["speculation"]["num_draft_tokens"] == 2 * 5 * 1
+    _, doc = first_scheduled_steps([(2, 6), (2, 6)], **config)
+    assert doc["speculation"]["num_draft_tokens"] == 2 * 5 * 4

@@ -49,6 +49,10 @@ def engine_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--max-prefill-chunk-adaptive", action="store_true", default=None,
                    help="raise --max-prefill-chunk to the budget / the step's requests when that is larger: "
                    "vLLM's long_prefill_token_threshold_adaptive (default: off)")
+    p.add_argument("--no-chunked-prefill", action="store_true", default=None,
+                   help="admit a waiting request only when its prompt (within --max-prefill-chunk) fits whole in "
+                   "the step's budget left: vLLM's --no-enable-chunked-prefill; needs --max-batched-tokens >= "
+                   "--max-model-len (default: chunked prefill on)")
     p.add_argument("--max-model-len", type=int, metavar="N",
                    help=f"longest prompt + output a request may have {_default('max_model_len')}")
     p.add_argument("--block-size", type=int, metavar="N", help=f"tokens per KV block {_default('block_size')}")

@@ -20,7 +20,8 @@ RUN_KEYS = (
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
 FLAGS = {"max_num_batched_tokens": "--max-batched-tokens", "enable_prefix_caching": "--no-prefix-sharing",
-         "plugins": "--plugin", "cost_params": "--cost-param", "preemption_mode": "--preemption"}
+         "plugins": "--plugin", "cost_params": "--cost-param", "preemption_mode": "--preemption",
+         "enable_chunked_prefill": "--no-chunked-prefill"}
 """Config keys whose flag is not `--` + the key with dashes."""
 
 
@@ -76,6 +77,9 @@ def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     if getattr(args, "no_prefix_sharing", None):
         fields["enable_prefix_caching"] = False
         origin["enable_prefix_caching"] = flag_name("enable_prefix_caching")
+    if getattr(args, "no_chunked_prefill", None):
+        fields["enable_chunked_prefill"] = False
+        origin["enable_chunked_prefill"] = flag_name("enable_chunked_prefill")
     if fields.get("preset") is not None:
         preset_fields(fields["preset"])  # an unknown preset: one line naming the valid ones
     if fields.get("preemption_mode") == "swap" and "swap_space_blocks" not in fields:

@@ -121,16 +121,20 @@ def num_draft_tokens(ctx: StepContext, decodes: list[Sequence], max_drafts: int)
 
     Args:
         decodes: the running sequences that decode (only their newest token lacks KV), in
-            admission order. `seq.num_draft_tokens`, `seq.num_accepted_tokens` and
+            admission order; under `EngineConfig.speculative_scheduling = "vllm"` only those
+            that sampled a token since they were last preempted (vLLM drafts after a step that
+            sampled). `seq.num_draft_tokens`, `seq.num_accepted_tokens` and
             `seq.num_draft_rejections` say how its drafts fared so far.
         max_drafts: `speculative_config.num_speculative_tokens`, the most one decode may carry.
 
     Returns:
         One int in `[0, max_drafts]` per decode (0: no drafts). A decode with `k` drafts is
         scheduled `1 + k` tokens, charged to the decode share (the drafts' tokens are moved there
-        from the prefill share), and advances by its accepted drafts plus one; the scheduler may
-        give it fewer (the budget left, `max_new_tokens`, `max_model_len`, or blocks too few for
-        them: drafts never preempt). The default gives every decode `max_drafts`; the shipped
+        from the prefill share; under `EngineConfig.budget_mode = "one"` they come from the one
+        budget, in serving order), and advances by its accepted drafts plus one; the scheduler
+        may give it fewer (the budget left, `max_new_tokens`, `max_model_len`, or blocks too few
+        for them: drafts never preempt; under `speculative_scheduling = "vllm"` the chunk cap
+        and the budget left, and drafts preempt as any tokens do). The default gives every decode `max_drafts`; the shipped
         `adaptive_speculation` those that minimise the step's seconds per token under a cost
         model, from each request's measured acceptance (fewer as the batch grows and as a
         request's drafts fail).

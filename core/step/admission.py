@@ -51,6 +51,7 @@ class Admission:
         self.room = room
         self.admit_after_preemption = config.admit_after_preemption
         self.full_prompt_gate = config.admission_gate == "full_prompt"
+        self.chunked_prefill = config.enable_chunked_prefill
         self.speculation: Speculation | None = None
 
     def admit(self, step: StepState) -> None:
@@ -133,10 +134,7 @@ class Admission:
             hit_blocks = hit_blocks[:-1]  # a prefix hit never makes a request harder to admit
             hit_tokens = len(hit_blocks) * pool.block_size
         seq.num_computed_tokens = hit_tokens
-        # a readmitted sequence whose cached prefix covers all but its newest token is a decode;
-        # it takes a prefill token when the decode share is spent
-        decode = seq.is_decoding and step.decode_left > 0
-        n = 1 if decode else min(seq.num_uncomputed_tokens, step.prefill_left, max_chunk)
+        n, decode = self.first_tokens(seq, step, max_chunk)
         pad = 0 if self.speculation is None or seq.num_uncomputed_tokens != 1 else self.speculation.padding(seq, step)
         if n <= 0 or pad < 0:
             seq.num_computed_tokens = 0
@@ -190,8 +188,7 @@ class Admission:
 
     def admit_swapped(self, seq: Sequence, step: StepState, max_chunk: int) -> Outcome:
         """Bring `seq` back from the host swap space and schedule its next tokens."""
-        decode = seq.is_decoding and step.decode_left > 0
-        n = 1 if decode else min(seq.num_uncomputed_tokens, step.prefill_left, max_chunk)
+        n, decode = self.first_tokens(seq, step, max_chunk)
         if n <= 0:
             return BLOCKED
         room = self.room
@@ -213,6 +210,20 @@ class Admission:
             step.schedule(seq, n, decode)
         self._mark_admitted(seq, step)
         return ADMITTED
+
+    def first_tokens(self, seq: Sequence, step: StepState, max_chunk: int) -> tuple[int, bool]:
+        """The tokens the waiting or swapped `seq` gets if admitted in this step, and whether they
+        are a decode's. A readmitted sequence whose computed tokens reach all but its newest is a
+        decode (one token) while the decode share lasts; otherwise it takes its uncomputed tokens
+        within `max_chunk` and the prefill share left. Without chunked prefill
+        (`EngineConfig.enable_chunked_prefill = false`, vLLM's option) they are never cut by the
+        share left: 0 when they do not fit whole (admission stops there, as vLLM's does)."""
+        if seq.is_decoding and step.decode_left > 0:
+            return 1, True
+        n = min(seq.num_uncomputed_tokens, max_chunk)
+        if n > step.prefill_left:
+            n = step.prefill_left if self.chunked_prefill else 0
+        return n, False
 
     def _mark_admitted(self, seq: Sequence, step: StepState) -> None:
         self.queues.start_running(seq)

@@ -186,7 +186,8 @@ class Scheduler:
                         self.fail_request(seq, exc.for_request(seq.request_id), now)
         self.prefix.new_step()  # last step's registrations: their KV is written now
         plan = StepPlan(ctx.step, self.pool.block_size)
-        return StepState(plan, ctx, self.prefix if self.config.enable_prefix_caching else None)
+        return StepState(plan, ctx, self.prefix if self.config.enable_prefix_caching else None,
+                         self.config.budget_mode == "one")
 
     # --- after the executor ran ----------------------------------------------------------------
 

@@ -4,9 +4,11 @@ With a `speculative_config`, the `num_draft_tokens` hook says, once a step, how 
 each running decode carries (0: none). `Speculation` then works in three places of the step:
 
 1. `decide` (after `split_budget`): asks the hook; the drafts' tokens move from the prefill share
-   to the decode share, as far as it goes (a decode's `1 + k` tokens are served before prefills).
-2. `serve` (a decode served by the scheduler): `k` is cut to the decode share left, to the
-   request's `max_new_tokens` and to `max_model_len`; the decode's KV slots cover its `1 + k`
+   to the decode share, as far as it goes (a decode's `1 + k` tokens are served before prefills;
+   under `EngineConfig.budget_mode = "one"` there is one budget and nothing moves).
+2. `serve` (a decode served by the scheduler): `k` is cut to the decode share left (under one
+   budget: to what the requests served before it left), to the request's `max_new_tokens` and
+   to `max_model_len`; the decode's KV slots cover its `1 + k`
    positions and the lookahead. Drafts never preempt: when the free blocks cannot hold them the
    decode runs without drafts. Only the blocks its newest token fills enter the prefix index.
 3. after the forward, `verify` (from `Engine._sample`, once the newest token's row is sampled):
@@ -25,8 +27,12 @@ each running decode carries (0: none). `Speculation` then works in three places 
    prefix index.
 
 `EngineConfig.speculative_scheduling = "vllm"` (the vllm preset) follows vLLM 0.33's scheduler
-where it differs: drafts preempt, are not cut at `max_tokens`, keep their blocks; a request
-admitted one token short of decoding is padded with drafts never accepted (`pad`).
+where it differs: drafts preempt, are not cut at `max_tokens`, keep their blocks; a decode's
+`1 + k` tokens are cut by the step's chunk cap (`max_prefill_chunk`, vLLM's
+`long_prefill_token_threshold`, caps any request's tokens there); a request preempted since it
+last sampled gets no drafts (vLLM drops a victim's drafts and drafts again only after a step that
+sampled, so the last token of a recompute goes alone); a request admitted one token short of
+decoding is padded with drafts never accepted (`padding`).
 """
 
 from __future__ import annotations
@@ -92,8 +98,13 @@ class Speculation:
     # --- scheduling --------------------------------------------------------------------------
 
     def decide(self, scheduler: Any, step: StepState) -> None:
-        """Ask `num_draft_tokens` for this step's drafts; move their tokens to the decode share."""
-        decodes = [s for s in scheduler.running if s.is_decoding]
+        """Ask `num_draft_tokens` for this step's drafts; move their tokens to the decode share
+        (split budget). Under vLLM's rules a decode that has not sampled since it was preempted
+        is not offered drafts (`sampled_since_preempted`)."""
+        if self.vllm:
+            decodes = [s for s in scheduler.running if s.is_decoding and sampled_since_preempted(s)]
+        else:
+            decodes = [s for s in scheduler.running if s.is_decoding]
         self.drafts = drafts = {}
         if not decodes:
             return
@@ -112,6 +123,8 @@ class Speculation:
                 )
             if k:
                 drafts[seq] = k
+        if step.one_budget:
+            return
         moved = min(sum(drafts.values()), step.prefill_left)
         step.decode_left += moved
         step.prefill_left -= moved
@@ -120,7 +133,8 @@ class Speculation:
         """Serve the decode `seq` with its drafts, if `pool` has room for them; else as a plain
         decode (with blocks from victims through `room` when needed): drafts never preempt. Under
         vLLM's rules (`EngineConfig.speculative_scheduling`) the drafts are not cut at
-        `max_tokens`, and their slots come from victims too, as any decode's."""
+        `max_tokens`, they are cut by the step's chunk cap (with the decode's own token), and their
+        slots come from victims too, as any decode's."""
         token_ids = seq.token_ids
         k = min(self.drafts.get(seq, 0), step.decode_left - 1, self.max_model_len - len(token_ids) - 1)
         if not self.vllm:
@@ -128,7 +142,8 @@ class Speculation:
         elif k > 0:  # vLLM's Scheduler.schedule: allocate_slots(1 + k, lookahead), preempting on failure
             # but never more slots than the whole pool holds: preempting itself for them would
             # repeat at every step (vLLM's pool always holds a max_model_len context; ours may not)
-            k = min(k, pool.num_blocks * pool.block_size - seq.num_computed_tokens - 1 - self.lookahead)
+            k = min(k, step.max_chunk - 1,
+                    pool.num_blocks * pool.block_size - seq.num_computed_tokens - 1 - self.lookahead)
         if self.vllm and k > 0:
             if room.grow(seq, 1 + k + self.lookahead, step):
                 step.schedule(seq, 1 + k, True, k)
@@ -157,7 +172,7 @@ class Speculation:
         running = [s for s in plan.scheduled if s not in admitted]
         if any(s not in decodes for s in running) or not (running or seq.num_computed_tokens):
             return 0
-        if 1 + k <= step.decode_left + step.prefill_left:
+        if 1 + k <= step.tokens_left():
             return k
         return -1 if running else 0  # alone in the step it runs unpadded: vLLM would stall there
 
@@ -257,6 +272,13 @@ class Speculation:
             if caching and full > seq.num_cached_blocks:
                 pool.cache_full_blocks(table, token_ids, seq.num_cached_blocks, full, seq.cache_salt)
                 seq.num_cached_blocks = full
+
+
+def sampled_since_preempted(seq: Sequence) -> bool:
+    """Whether the decode `seq` sampled a token since it was last preempted: its computed tokens
+    passed the most it had computed before (`max_computed`, kept at each preemption). A request
+    resumed by recompute reaches its last known token without sampling it."""
+    return seq.num_computed_tokens > seq.max_computed
 
 
 def _matches(seq: Sequence, proposed: Any, j: int) -> bool:

@@ -18,7 +18,8 @@ def split_budget(plugins: PluginManager, ctx: StepContext, queues: Queues, budge
     """Ask `plugins`' `split_budget` to divide `budget` tokens between the decodes and the prefills
     of `queues`; sets the step's budget, chunk cap and reserves (`Split.shares`) on `step`.
     Returns how many sequences decode (running or swapped). An answer outside the budget is a
-    `PluginError`."""
+    `PluginError`. Under `EngineConfig.budget_mode = "one"` the two shares are one budget, their
+    sum (`StepState.one_budget`)."""
     num_decoding = 0
     for queue in (queues.running, queues.swapped):
         for s in queue:
@@ -40,7 +41,9 @@ def split_budget(plugins: PluginManager, ctx: StepContext, queues: Queues, budge
             f"{Split(*split)} is outside the budget of {budget} tokens "
             "(shares and max_prefills must be >= 0 and the shares sum to at most the budget, max_chunk >= 1)",
         )
+    step.reserves = Reserves(shares, decode, prefill) if shares else None
+    if step.one_budget:  # EngineConfig.budget_mode "one": both shares see their sum
+        decode = prefill = decode + prefill
     step.set_budget(decode, prefill, budget if max_prefills is None else max_prefills)
     step.max_chunk = max_chunk
-    step.reserves = Reserves(shares, decode, prefill) if shares else None
     return num_decoding

@@ -28,7 +28,9 @@ class StepState:
 
     - `plan`: the `StepPlan` being filled; `now`: the step's clock.
     - `decode_left`, `prefill_left`, `prefills_left`: what is left of the step's budget (decode
-      tokens, prefill tokens, prefill chunks); `schedule` spends it, `drop` gives it back.
+      tokens, prefill tokens, prefill chunks); `schedule` spends it, `drop` gives it back. With
+      `one_budget` (`EngineConfig.budget_mode = "one"`) the decode and prefill shares are two
+      views of one budget: each starts at the whole of it and every token is charged to both.
     - `max_chunk`: the step's prefill chunk cap (`split_budget`'s).
     - `notified`: how many of `plan.preempted` the `on_preempted` observers heard of.
     - `pulls_left`: admission candidates the scheduler may still pull.
@@ -41,10 +43,10 @@ class StepState:
 
     __slots__ = (
         "plan", "now", "decode_left", "prefill_left", "prefills_left", "max_chunk", "notified", "pulls_left",
-        "offered", "rescuing", "reserves", "refusals", "refused_need", "_hook", "_ctx", "_prefix",
+        "offered", "rescuing", "reserves", "refusals", "refused_need", "one_budget", "_hook", "_ctx", "_prefix",
     )
 
-    def __init__(self, plan: StepPlan, ctx: StepContext, prefix: StepPrefix | None) -> None:
+    def __init__(self, plan: StepPlan, ctx: StepContext, prefix: StepPrefix | None, one_budget: bool = False) -> None:
         self.plan = plan
         self.now = ctx.now
         self.decode_left = self.prefill_left = self.prefills_left = self.max_chunk = 0
@@ -52,18 +54,24 @@ class StepState:
         self.offered = self.rescuing = False
         self.reserves: Reserves | None = None
         self.refused_need = NO_REFUSAL
+        self.one_budget = one_budget
         self._hook: Any = ctx.hook
         self._ctx = ctx
         self._prefix = prefix  # None without prefix caching: nothing is registered
 
     def set_budget(self, decode: int, prefill: int, prefills: int) -> None:
         """What the step may still schedule: `decode` decode tokens, `prefill` prefill tokens in
-        at most `prefills` chunks."""
+        at most `prefills` chunks (with `one_budget`: what each view of the one budget sees)."""
         self.decode_left, self.prefill_left, self.prefills_left = decode, prefill, prefills
+
+    def tokens_left(self) -> int:
+        """The tokens the step may still schedule, decodes and prefills together."""
+        return self.decode_left if self.one_budget else self.decode_left + self.prefill_left
 
     def schedule(self, seq: Sequence, n: int, decode: bool, drafts: int = 0) -> None:
         """Put `n` tokens of `seq` (from `seq.num_computed_tokens` on) in the plan, spending the
-        budget (`decode`: its tokens are charged to the decode share; `drafts`: the last `drafts`
+        budget (`decode`: its tokens are charged to the decode share, else to the prefill share;
+        with `one_budget` to both views of the one budget; `drafts`: the last `drafts`
         of them are draft tokens, `StepPlan.drafts`). The blocks they fill are indexed now, so
         that a request admitted later in this step shares them (`StepPrefix`); a draft's slot is
         never indexed (it is not verified yet)."""
@@ -75,6 +83,8 @@ class StepState:
             plan.decodes.add(seq)
             plan.num_decode_tokens += n
             self.decode_left -= n
+            if self.one_budget:
+                self.prefill_left -= n
             if drafts:
                 plan.drafts[seq] = drafts
                 plan.num_draft_tokens += drafts
@@ -83,6 +93,8 @@ class StepState:
             plan.num_prefill_tokens += n
             self.prefill_left -= n
             self.prefills_left -= 1
+            if self.one_budget:
+                self.decode_left -= n
         prefix = self._prefix
         if prefix is not None:
             full = (computed + n) // plan.block_size
@@ -105,11 +117,15 @@ class StepState:
             plan.decodes.discard(seq)
             plan.num_decode_tokens -= n
             self.decode_left += n
+            if self.one_budget:
+                self.prefill_left += n
             plan.num_draft_tokens -= plan.drafts.pop(seq, 0)
         else:
             plan.num_prefill_tokens -= n
             self.prefill_left += n
             self.prefills_left += 1
+            if self.one_budget:
+                self.decode_left += n
 
     def announce_preempted(self) -> None:
         """Tell `on_preempted` of the step's victims it has not heard of yet (if any)."""
