@@ -20,7 +20,7 @@ from .options import (
     user_fields,
     workload_seed,
 )
-from .outputs import check_report_folder, manifest_for, warn
+from .outputs import check_report_folder, manifest_for, warn, warn_speculation
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 """The shipped ordering policies: what `metroline compare` compares by default."""
@@ -220,6 +220,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 print(f"{label}: {format_cluster(doc)}", end="")
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
+    for label, c, doc, s in zip(labels, configs, docs[:n], series[:n]):
+        warn_speculation(c, doc, s.load, label)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
     if seeds is None and any("output_digests" in doc for doc in docs):
         result["outputs_check"] = outputs_check

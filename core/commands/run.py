@@ -6,7 +6,7 @@ import argparse
 
 from .logs import log_to_stderr
 from .options import check_output_paths, cluster_options, make_workload, measurement, prepare, workload_seed
-from .outputs import check_report_folder, manifest_for
+from .outputs import check_report_folder, manifest_for, warn_speculation
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -45,6 +45,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if writer is not None:
         writer.close()
+    if config.speculative_config is not None:
+        from ..experiments.run_series import series_of
+
+        warn_speculation(config, doc, series_of(engine, doc).load)
     engine.close()
     report.print_summary_table(doc)
     from ..results.deadlines import deadline_line
