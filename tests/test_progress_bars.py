@@ -217,3 +217,18 @@ def test_a_simulated_run_in_a_pipe_loads_no_torch_and_no_progress_bar():
     assert "torch" not in mods
     assert "rich.progress" not in mods  # stderr is not a terminal: no bar
     assert "rich.table" in mods  # the table is drawn by rich
+
+
+def test_each_command_starts_the_interval_afresh(monkeypatch, capsys):
+    """A command run in a process where another ended long ago prints no line in its first
+    interval (the CLI calls `new_command`)."""
+    from metroline import cli
+
+    clock = Clock(0.0)
+    monkeypatch.setattr(progress, "time", clock)
+    monkeypatch.setattr(progress, "_plain_clock", {"last": None})
+    ProgressBar(10, stream=io.StringIO()).close()  # an earlier command's bar, at t = 0
+    clock.now = 10 * progress.PLAIN_INTERVAL_S
+    clock.step = 0.001  # the whole command lasts well under an interval
+    assert cli.main(["run", "--workload", "chat", "--max-requests", "50", "--cost-model", "steps"]) == 0
+    assert not any(line.startswith("progress ") for line in capsys.readouterr().err.splitlines())

@@ -182,7 +182,7 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    "and pipes) or off (default and bare --progress: auto, a bar when stderr is a terminal, plain "
                    "lines otherwise)")
     p.add_argument("--no-progress", dest="progress", action="store_const", const="off",
-                   help="no progress output (the same as --progress off)")
+                   help="no progress output, the same as --progress off (default: auto, see --progress)")
     p.add_argument("--report", metavar="DIR", help="write report.md, report.html, PNG plots and per-request CSVs "
                    "into DIR (needs matplotlib: the report extra; default: none)")
 

@@ -5,9 +5,9 @@ Each shows in one of two modes (`progress_mode`): on a terminal a bar redrawn in
 rich, imported only when it first draws), elsewhere (a pipe, a log file, CI) plain lines, one
 every `PLAIN_INTERVAL_S` seconds at most and never a carriage return or a control sequence:
 `progress 30 s: srpt 512/1500 (34%)`, or for a board
-`progress 60 s: 3/20 runs done, srpt 512/1500 (34%)`. The interval is shared by every bar and board of the
-process, so a command running many short runs one after another still prints a line every
-interval, naming the run under way; a command that ends within the first interval prints none.
+`progress 60 s: 3/20 runs done, srpt 512/1500 (34%)`. The interval is shared by every bar and board of one
+command (`new_command` starts it afresh), so a command running many short runs one after another
+still prints a line every interval, naming the run under way; a command that ends within the first interval prints none.
 `ProgressBar.update` runs once per engine step: it reads the clock only every few calls and redraws
 at most 10 times a second.
 """
@@ -36,6 +36,13 @@ PLAIN_INTERVAL_S = 30.0
 
 _plain_clock = {"last": None}
 """When this process last printed a plain line (or started its first plain progress)."""
+
+
+def new_command() -> None:
+    """Start the plain-line interval afresh: the CLI calls it as each command starts, so that the
+    interval is shared by the bars and boards of one command (its runs one after another), never
+    carried over from an earlier command run in the same process."""
+    _plain_clock["last"] = None
 
 
 def progress_mode(progress: bool | str | None, stream: Any) -> str | None:
