@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .logs import log_to_stderr
-from .options import check_output_paths, cluster_options, make_workload, measurement, prepare, workload_seed
+from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
 from .outputs import check_report_folder, manifest_for, warn_speculation
 
 
@@ -15,7 +15,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..results import files as result_files
     from ..results import report
 
-    config, run, executor = prepare(args)
+    resolved, config, executor = prepare(args)
+    run = resolved.run
     if config.debug:
         log_to_stderr()
     check_output_paths(args)
@@ -23,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
-    spec = cluster_options(args)
+    spec = resolved.cluster
     if spec is not None:
         from .cluster_run import run_cluster_command
 
