@@ -295,18 +295,22 @@ def cluster_options(args: argparse.Namespace, routers: bool = False) -> Any:
 
 
 def _cluster(args: argparse.Namespace, file: dict[str, Any], routers: bool) -> Any:
-    """`cluster_options` of the config file's tables `file`."""
-    from ..cluster.spec import cluster_spec, parse_pools, parse_router_options
-
+    """`cluster_options` of the config file's tables `file`. A single engine (no table, no cluster
+    flag) returns None without loading the cluster code."""
     table = None
     if getattr(args, "config", None):
         table = file.get("cluster")
         if table is not None and not isinstance(table, dict):
             raise ConfigError(f"{args.config}: cluster: must be a table (replicas, pools, router, router_options)")
+    wanted = routers and getattr(args, "routers", None)
+    if table is None and not wanted and not any(
+            getattr(args, key, None) for key in ("replicas", "pools", "router", "router_option")):
+        return None
+    from ..cluster.spec import cluster_spec, parse_pools, parse_router_options
+
     flags = {"replicas": getattr(args, "replicas", None), "pools": parse_pools(getattr(args, "pools", None)),
              "router": getattr(args, "router", None),
              "router_options": parse_router_options(getattr(args, "router_option", None))}
-    wanted = routers and getattr(args, "routers", None)
     if table is None and not wanted and not any(flags.values()):
         return None
     return cluster_spec(table, source=str(getattr(args, "config", None) or "config"), **flags)
