@@ -1,6 +1,6 @@
 """The `metroline` command: `run` a workload under a policy, `compare` policies, `generate` text with
 a real model, `calibrate` the simulator against it, list `plugins` and `workloads`, `serve` HTTP,
-`sweep` policies across arrival rates, `replay` a result document.
+`sweep` policies across arrival rates, `replay` a result document, `plot` result documents, fetch the public `traces`.
 
 This module parses the command line (argparse) and calls the command's body in `core/commands/`."""
 
@@ -33,10 +33,12 @@ from .core.commands.flags import (
 from .core.commands.generate import cmd_generate
 from .core.commands.listing import cmd_plugins, cmd_workloads
 from .core.commands.options import RUN_KEYS, fit_config, resolve_options
+from .core.commands.plot import add_plot_parser, cmd_plot
 from .core.commands.replay import cmd_replay
 from .core.commands.run import cmd_run
 from .core.commands.serve import cmd_serve
 from .core.commands.sweep import add_seed_flags, cmd_sweep
+from .core.commands.traces import add_traces_parser, cmd_traces
 
 __all__ = ["POLICIES", "RUN_KEYS", "build_parser", "fit_config", "main", "resolve_options"]
 
@@ -124,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "cost model to it (--cost-model calibrated --cost-param path=FILE)")
     calibrate_flags(calibrate)
     add_check_plugin_parser(sub)
+    add_traces_parser(sub)
+    add_plot_parser(sub)
     return parser
 
 
@@ -140,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     from .core.errors import NoProgressError, PluginError
     from .core.plugins.deprecations import show_in_cli
 
+    from .core.results.progress import new_command
+
     show_in_cli()  # a plugin's use of a deprecated name is shown (once per plugin and name)
+    new_command()  # progress lines: the interval starts with the command
 
     try:
         return COMMANDS[args.command or "run"](args)
@@ -172,7 +179,8 @@ def rerun(argv: list[str], out: Path) -> None:
 
 COMMANDS = {"run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep, "plugins": cmd_plugins,
             "workloads": cmd_workloads, "serve": cmd_serve, "generate": cmd_generate, "calibrate": cmd_calibrate,
-            "check-plugin": cmd_check_plugin, "canary-report": cmd_canary_report,
+            "check-plugin": cmd_check_plugin, "canary-report": cmd_canary_report, "traces": cmd_traces,
+            "plot": cmd_plot,
             "replay": lambda args: cmd_replay(args, rerun)}
 """The body of each command."""
 

@@ -163,3 +163,22 @@ def test_a_flag_path_stays_relative_to_the_working_directory(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     args = cli.build_parser().parse_args(["run", "--config", "c.toml", "--workload", "w.csv"])
     assert cli.resolve_options(args)[1]["workload"] == "w.csv"
+
+
+def test_a_single_engine_run_does_not_pass_through_the_cluster_code():
+    """`run` without a cluster flag or table resolves its flags in one pass (`resolve_run`) to a
+    spec without a cluster, and runs without the cluster command's module."""
+    import subprocess
+    import sys
+
+    from metroline.core.commands.options import resolve_run
+
+    spec = resolve_run(cli.build_parser().parse_args(["run", "--max-requests", "20"]))
+    assert spec.cluster is None and not spec.names_workload and spec.file == {}
+    assert resolve_run(cli.build_parser().parse_args(["run", "--replicas", "2"])).cluster.replicas == 2
+    code = ("import contextlib, io, sys\nfrom metroline.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['run', '--workload', 'chat', '--max-requests', '20', '--cost-model', 'steps']) == 0\n"
+            "print('metroline.core.commands.cluster_run' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

@@ -42,7 +42,8 @@ def test_parallel_documents_equal_the_one_by_one_documents(tmp_path, capsys):
     assert without_wall_time(parallel) == without_wall_time(serial)
     assert all(d["summary"]["wall_s"] > 0 for d in parallel)
     table = capsys.readouterr().out
-    assert table.splitlines()[0].split() == POLICIES.split(",")  # the table of the last command
+    assert table.splitlines()[0].startswith("workload ")  # what every run shares, then the table
+    assert table.splitlines()[2].split() == POLICIES.split(",")  # the table of the last command
 
 
 def test_a_failing_worker_is_reported_with_its_policy(capsys):

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +181,55 @@ def test_replay_names_the_helper_module_of_a_plugin_that_changed(tmp_path, capsy
     out = capsys.readouterr().out
     assert "plugin myplug.policy:Ordered: module myplug.helper, which it imports, changed" in out
     assert "myplug.sizes" not in out and "its source (myplug.policy) changed" not in out
+
+
+CAP = '''
+from metroline.api import Candidates, hookimpl
+
+
+class Cap:
+    name = "cap"
+
+    @hookimpl(wrapper=True)
+    def admission(self, ctx):
+        answer = yield
+        cands = answer if isinstance(answer, Candidates) else Candidates(answer)
+        return cands.filter(lambda s: len(ctx.running) < 6)
+'''
+
+
+def test_a_plugin_loaded_through_pythonpath_replays_from_another_folder(tmp_path):
+    """`run` with the plugin's folder on PYTHONPATH records where the module came from; `replay`
+    in another folder, without that PYTHONPATH, imports it from there again and finds the result
+    identical; with the folder gone, it stops with one line naming the module and what to do."""
+    plugins, ran_in, elsewhere = tmp_path / "plugins", tmp_path / "ran_in", tmp_path / "elsewhere"
+    for folder in (plugins / "mtl_pp_plug", ran_in, elsewhere):
+        folder.mkdir(parents=True)
+    (plugins / "mtl_pp_plug" / "__init__.py").write_text("")
+    (plugins / "mtl_pp_plug" / "cap.py").write_text(CAP)
+    base = os.environ.get("PYTHONPATH", "")
+
+    def metroline(cwd: Path, pythonpath: str, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-P", "-m", "metroline", *argv], cwd=cwd, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}, timeout=300)
+
+    out = ran_in / "out.json"
+    ran = metroline(ran_in, os.pathsep.join([str(plugins), base]), "run", "--plugin", "mtl_pp_plug.cap:Cap",
+                    "--workload", "chat", "--max-requests", "60", "--cost-model", "steps", "--json", str(out))
+    assert ran.returncode == 0, ran.stderr
+    entry = next(p for p in load_manifest(out)[1]["plugins"] if p["spec"] == "mtl_pp_plug.cap:Cap")
+    assert entry["file"] == str((plugins / "mtl_pp_plug" / "cap.py").resolve())
+    assert entry["sys_path"] == str(plugins.resolve())
+    assert "file" not in next(p for p in load_manifest(out)[1]["plugins"] if p["spec"] == "fcfs")  # metroline's own
+
+    replayed = metroline(elsewhere, base, "replay", str(out))
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert replayed.stdout.startswith(f"replay of {out}: identical")
+
+    (plugins).rename(tmp_path / "moved")
+    gone = metroline(elsewhere, base, "replay", str(out))
+    assert gone.returncode == 2
+    assert gone.stderr.strip().splitlines()[-1] == (
+        f"metroline: error: replay: plugin mtl_pp_plug.cap:Cap: module 'mtl_pp_plug.cap' was loaded from "
+        f"{plugins.resolve() / 'mtl_pp_plug' / 'cap.py'} (under {plugins.resolve()}, which no longer exists) and "
+        "cannot be imported here: put the folder holding 'mtl_pp_plug' on PYTHONPATH and replay again")

@@ -366,8 +366,10 @@ def test_summary_table_single_tenant_and_empty():
 def test_comparison_table(collector):
     docs = [document(collector, "fcfs"), document(collector, "srpt"), document(collector, "fcfs")]
     text = format_comparison_table(docs)
-    header = text.splitlines()[0].split()
-    assert header == ["fcfs", "srpt", "fcfs#2"]
+    shared, blank, header = text.splitlines()[:3]
+    assert shared.startswith("workload ") and " | executor " in shared and blank == ""  # the same in every run
+    assert not any(line.startswith(("workload", "executor")) for line in text.splitlines()[1:])
+    assert header.split() == ["fcfs", "srpt", "fcfs#2"]
     tok = next(line for line in text.splitlines() if line.startswith("throughput (tok/s)"))
     assert tok.split()[-3:] == ["1.75"] * 3
     p50 = next(line for line in text.splitlines() if line.startswith("TTFT p50 (ms)"))
@@ -377,8 +379,26 @@ def test_comparison_table(collector):
     assert bob.split()[-3:] == ["2000.00"] * 3  # one row per tenant
     rejected_only = next(line for line in text.splitlines() if line.startswith("TTFT p99 priority 3 (ms)"))
     assert rejected_only.split()[-3:] == ["-"] * 3  # class 3 holds only the rejected request
-    widths = {len(line) for line in text.splitlines()}
+    widths = {len(line) for line in text.splitlines()[2:]}
     assert len(widths) == 1
+
+
+def test_a_comparison_of_many_runs_fits_100_columns(collector):
+    """Runs that do not fit 100 columns go to a second table under the first, as even as can be,
+    each with the row labels; a row that differs between runs stays in the table."""
+    names = ["fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr", "fcfs+decode_first",
+             "srpt+reserve+decode_first"]
+    docs = [document(collector, name) for name in names]
+    docs[1]["workload"] = "other"
+    text = format_comparison_table(docs)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert lines[0].startswith("executor ") and "workload" not in lines[0]  # the workload differs: a row
+    headers = [line.split() for line in lines if line.strip() and line.split()[0] in names]
+    assert [h for table in headers for h in table] == names  # every run once, in order
+    assert len(headers) == 2 and abs(len(headers[0]) - len(headers[1])) <= 1
+    rows = [line.split()[0] for line in lines if line.startswith("workload")]
+    assert len(rows) == 2  # the row labels in each table
 
 
 class FakeTTY(io.StringIO):

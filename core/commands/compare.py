@@ -11,16 +11,14 @@ from .compare_aa import aa_configs, aa_runs
 from .logs import log_to_stderr
 from .options import (
     check_output_paths,
-    cluster_options,
     fit_config,
     make_executor,
     make_workload,
     measurement,
-    resolve_options,
-    user_fields,
+    resolve_run,
     workload_seed,
 )
-from .outputs import check_report_folder, manifest_for, warn
+from .outputs import check_report_folder, manifest_for, warn, warn_speculation
 
 POLICIES = ("fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr")
 """The shipped ordering policies: what `metroline compare` compares by default."""
@@ -28,18 +26,6 @@ DEFAULT_WORKLOAD = "chat-steady"
 """The workload of a `compare` of one engine that names none (`--workload`, or `workload` in the
 config file's `[run]` table): chat's requests at about 0.8 x the default engine's capacity, where
 the policies differ (`run`'s default, `chat`, is an overload: 5.9 x under the roofline model)."""
-
-
-def _names_workload(args: argparse.Namespace) -> bool:
-    """Whether the user named a workload: `--workload`, or `workload` in the config's `[run]`."""
-    if getattr(args, "workload", None) is not None:
-        return True
-    if getattr(args, "config", None):
-        from ..config import load_config_file
-
-        table = load_config_file(args.config).get("run")
-        return isinstance(table, dict) and "workload" in table
-    return False
 
 
 def refuse_run_flags(args: argparse.Namespace) -> None:
@@ -126,16 +112,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ..results.paired import format_paired_table, paired_comparison, report_documents
 
     refuse_run_flags(args)
-    config, run = resolve_options(args)
+    resolved = resolve_run(args, routers=True)
+    config, run, fields = resolved.config, resolved.run, set(resolved.user_fields)
     if config.debug:
         log_to_stderr()
-    fields = user_fields(args, config)
     check_output_paths(args)
     check_report_folder(args)
     bounds = parse_slo(args.slo) if args.slo else None
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: must be at least 1, got {args.jobs}")
-    spec = cluster_options(args, routers=True)
+    spec = resolved.cluster
     factories = None
     if args.arms is not None:
         from ..experiments.arms import arm_setups
@@ -161,7 +147,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if spec is not None:
         for c in {id(c): c for c in configs}.values():
             spec.plan(c)  # a bad pool config is reported before any run
-    if spec is None and not _names_workload(args):
+    if spec is None and not resolved.names_workload:
         run["workload"] = DEFAULT_WORKLOAD
     min_effect = parse_min_effect(args.min_effect)
     correction = args.correction or DEFAULT_CORRECTION
@@ -220,6 +206,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 print(f"{label}: {format_cluster(doc)}", end="")
     load = check([s.load for s in series[:n]], labels)  # of the first draw
     warn(load)
+    for label, c, doc, s in zip(labels, configs, docs[:n], series[:n]):
+        warn_speculation(c, doc, s.load, label)
     result = {"runs": docs, "load_check": load, "manifest": manifest}
     if seeds is None and any("output_digests" in doc for doc in docs):
         result["outputs_check"] = outputs_check

@@ -181,8 +181,12 @@ def run_flags(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--json", metavar="PATH", help="write the result document (default: none)")
     _refused_or(p, compare, "--requests-csv", metavar="PATH", help="write one row per request (default: none)")
     _refused_or(p, compare, "--steps-csv", metavar="PATH", help="write one row per step, with a running[TENANT] column per tenant (default: none)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("--progress", nargs="?", const="auto", choices=("auto", "bar", "plain", "off"), metavar="MODE",
+                   help="progress on stderr: bar (redrawn in place), plain (a line every 30 s at most, for logs "
+                   "and pipes) or off (default and bare --progress: auto, a bar when stderr is a terminal, plain "
+                   "lines otherwise)")
+    p.add_argument("--no-progress", dest="progress", action="store_const", const="off",
+                   help="no progress output, the same as --progress off (default: auto, see --progress)")
     p.add_argument("--report", metavar="DIR", help="write report.md, report.html, PNG plots and per-request CSVs "
                    "into DIR (needs matplotlib: the report extra; default: none)")
 

@@ -1,9 +1,16 @@
 """The options of a command: the `--config` file and the flags merged into an `EngineConfig` and
-run options, the executor and the workload they name, and the checks made before a run."""
+run options, the executor and the workload they name, and the checks made before a run.
+
+`resolve_run` is the one pass from a command's flags to its run: it reads the `--config` file
+once and resolves the file, the flags and the preset into a validated `RunSpec` (the engine
+config, the run options, the cluster when one is asked for, which fields the user set). The
+commands that run engines (`run`, `compare`, `sweep`, `serve`) take everything from it;
+`resolve_options` and `cluster_options` are its parts for the commands that need one of them."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +46,58 @@ def _parse_value(text: str) -> Any:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """A command's run, resolved once from its flags, its `--config` file and the preset
+    (`resolve_run`): `config` (validated), `run` (the run options, validated, defaults filled in),
+    `cluster` (the `ClusterSpec`, None for a single engine), `user_fields` (the config fields the
+    user set, which a real executor's model must not override: `fit_config`), `file` (the config
+    file's tables as read, `{}` without one) and `names_workload` (whether the user named a
+    workload, by flag or in the file)."""
+
+    config: Any
+    run: dict[str, Any]
+    cluster: Any
+    user_fields: frozenset[str]
+    file: dict[str, Any]
+    names_workload: bool
+
+
+def read_config_file(args: argparse.Namespace) -> dict[str, Any]:
+    """The `--config` file's tables (`{}` without one)."""
+    from ..config import load_config_file
+
+    return load_config_file(args.config) if getattr(args, "config", None) else {}
+
+
+def resolve_run(args: argparse.Namespace, routers: bool = False) -> RunSpec:
+    """The one pass from `args` to a `RunSpec`: the config file read once, merged with the flags
+    and the preset, validated; the cluster of its `[cluster]` table and the cluster flags
+    (`routers`: `--routers` asks for one too). Errors name the flag or the file and the key."""
+    file = read_config_file(args)
+    config, run = _merge(args, file)
+    named = getattr(args, "workload", None) is not None or (
+        isinstance(file.get("run"), dict) and "workload" in file["run"])
+    return RunSpec(config, run, _cluster(args, file, routers), frozenset(user_fields(args, config)), file, named)
+
+
 def resolve_options(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Merge defaults, the `--config` file and the flags into (EngineConfig, run options).
     A bad value raises `ValueError` naming the file or the flag and the key."""
-    from ..config import EngineConfig, RunOptions, load_config_file, preset_fields
+    return _merge(args, read_config_file(args))
+
+
+def _merge(args: argparse.Namespace, file: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(EngineConfig, run options) of the config file's tables `file` and the flags of `args`."""
+    from ..config import EngineConfig, RunOptions, preset_fields
     from ..diagnostics import validation_message
 
     fields: dict[str, Any] = {}
     run: dict[str, Any] = {}
     origin: dict[str, str] = {}  # key -> the file or the flag it came from
     source = str(args.config) if getattr(args, "config", None) else "config"
-    if getattr(args, "config", None):
-        data = load_config_file(args.config)
+    if file:
+        data = dict(file)
         table = data.pop("run", {})
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: run: must be a table of run options (valid: {', '.join(RUN_KEYS)})")
@@ -204,18 +251,19 @@ def user_fields(args: argparse.Namespace, config: Any) -> set[str]:
     return fields
 
 
-def prepare(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
-    """(config, run options, executor) for `run`, the config fitted to a real executor's model."""
-    config, run = resolve_options(args)
+def prepare(args: argparse.Namespace) -> tuple[RunSpec, Any, Any]:
+    """(the `RunSpec`, its config fitted to a real executor's model, the executor) for `run`."""
+    spec = resolve_run(args)
+    run = spec.run
     executor = make_executor(run)
-    config = fit_config(config, executor, user_fields(args, config))
+    config = fit_config(spec.config, executor, spec.user_fields)
     if getattr(executor, "kv_bytes_per_token", None):
         print(
             f"executor {executor.name}: {config.num_blocks} KV blocks x {config.block_size} tokens = "
             f"{config.max_kv_tokens} tokens ({_pool_bytes(executor, config)} bytes/token), "
             f"max_model_len {config.max_model_len}"
         )
-    return config, run, executor
+    return spec, config, executor
 
 
 def _pool_bytes(executor: Any, config: Any) -> int:
@@ -247,18 +295,26 @@ def cluster_options(args: argparse.Namespace, routers: bool = False) -> Any:
     """The `ClusterSpec` of the config file's `[cluster]` table and the flags `--replicas`,
     `--pools`, `--router`, `--router-option` (None when neither the table nor a flag asks for a
     cluster). `routers`: `--routers` (compare) also asks for one."""
-    from ..cluster.spec import cluster_spec, parse_pools, parse_router_options
-    from ..config import load_config_file
+    return _cluster(args, read_config_file(args), routers)
 
+
+def _cluster(args: argparse.Namespace, file: dict[str, Any], routers: bool) -> Any:
+    """`cluster_options` of the config file's tables `file`. A single engine (no table, no cluster
+    flag) returns None without loading the cluster code."""
     table = None
     if getattr(args, "config", None):
-        table = load_config_file(args.config).get("cluster")
+        table = file.get("cluster")
         if table is not None and not isinstance(table, dict):
             raise ConfigError(f"{args.config}: cluster: must be a table (replicas, pools, router, router_options)")
+    wanted = routers and getattr(args, "routers", None)
+    if table is None and not wanted and not any(
+            getattr(args, key, None) for key in ("replicas", "pools", "router", "router_option")):
+        return None
+    from ..cluster.spec import cluster_spec, parse_pools, parse_router_options
+
     flags = {"replicas": getattr(args, "replicas", None), "pools": parse_pools(getattr(args, "pools", None)),
              "router": getattr(args, "router", None),
              "router_options": parse_router_options(getattr(args, "router_option", None))}
-    wanted = routers and getattr(args, "routers", None)
     if table is None and not wanted and not any(flags.values()):
         return None
     return cluster_spec(table, source=str(getattr(args, "config", None) or "config"), **flags)

@@ -1,5 +1,6 @@
 """What `run`, `compare` and `sweep` add to their result: the manifest (`metroline.core.experiments.manifest`), the
-load check's warning (`metroline.core.experiments.load_check`) and the `--report` folder (`core/ab_report`)."""
+load check's warnings (`metroline.core.experiments.load_check`: the load, speculation at a load where it costs
+TTFT) and the `--report` folder (`core/ab_report`)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def warn(check: dict[str, Any] | None) -> None:
     if check and check.get("message"):
         print(f"metroline: {check['message']}", file=sys.stderr)
 
+
+
+def warn_speculation(config: Any, doc: dict[str, Any], stats: dict[str, Any], label: str = "") -> str | None:
+    """Print (on stderr) and return the load check's speculation warning for a run of `config`
+    with speculative decoding (`load_check.speculation_message`); None without one."""
+    if getattr(config, "speculative_config", None) is None:
+        return None
+    from ..experiments.load_check import speculation_message
+
+    adaptive = "adaptive_speculation" in [*config.plugins, *str(config.policy).split("+")]
+    message = speculation_message(stats, doc.get("summary") or {}, label, adaptive)
+    if message:
+        print(f"metroline: {message}", file=sys.stderr)
+    return message

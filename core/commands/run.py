@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .logs import log_to_stderr
-from .options import check_output_paths, cluster_options, make_workload, measurement, prepare, workload_seed
-from .outputs import check_report_folder, manifest_for
+from .options import check_output_paths, make_workload, measurement, prepare, workload_seed
+from .outputs import check_report_folder, manifest_for, warn_speculation
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -15,7 +15,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..results import files as result_files
     from ..results import report
 
-    config, run, executor = prepare(args)
+    resolved, config, executor = prepare(args)
+    run = resolved.run
     if config.debug:
         log_to_stderr()
     check_output_paths(args)
@@ -23,7 +24,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workload = make_workload(run, workload_seed(config), getattr(executor, "tokenizer", None))
     manifest = manifest_for(args, config, run, workload) if args.json or args.report else None
     vocab = getattr(executor, "vocab_size", None)
-    spec = cluster_options(args)
+    spec = resolved.cluster
     if spec is not None:
         from .cluster_run import run_cluster_command
 
@@ -45,6 +46,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     if writer is not None:
         writer.close()
+    if config.speculative_config is not None:
+        from ..experiments.run_series import series_of
+
+        warn_speculation(config, doc, series_of(engine, doc).load)
     engine.close()
     report.print_summary_table(doc)
     from ..results.deadlines import deadline_line

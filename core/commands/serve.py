@@ -6,19 +6,18 @@ import argparse
 import sys
 from typing import Any
 
-from .options import fit_config, make_executor, resolve_options, user_fields
+from .options import fit_config, make_executor, read_config_file, resolve_run
 
 SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens", "stall_timeout",
               "default_max_tokens", "drain_s", "cache_salt", "max_body_bytes", "public_metrics")
 """The `ServeConfig` fields a flag of `serve` sets (over the config file's `[serve]` table)."""
 
 
-def serve_config_of(args: argparse.Namespace, run: dict[str, Any]) -> Any:
-    """The `ServeConfig` of the config file's `[serve]` table and the flags."""
-    from ..config import load_config_file
+def serve_config_of(args: argparse.Namespace, run: dict[str, Any], file: dict[str, Any]) -> Any:
+    """The `ServeConfig` of the config file's `[serve]` table (in its tables `file`) and the flags."""
     from ..serving.tenants import ServeConfig
 
-    table = dict(load_config_file(args.config).get("serve", {})) if args.config else {}
+    table = dict(file.get("serve", {}))
     for key in SERVE_KEYS:
         if getattr(args, key, None) is not None:
             table[key] = getattr(args, key)
@@ -29,8 +28,9 @@ def serve_config_of(args: argparse.Namespace, run: dict[str, Any]) -> Any:
 
 def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(EngineConfig, ServeConfig, executor) from the config file and the flags."""
-    config, run = resolve_options(args)
-    serve_config = serve_config_of(args, run)
+    resolved = resolve_run(args)
+    config, run = resolved.config, resolved.run
+    serve_config = serve_config_of(args, run, resolved.file)
     if (run.get("executor") or "sim") == "sim":
         from ...executors.realtime import RealtimeExecutor
 
@@ -40,7 +40,7 @@ def serve_setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     else:
         run.setdefault("model", serve_config.model)
         executor = make_executor(run)
-        config = fit_config(config, executor, user_fields(args, config))
+        config = fit_config(config, executor, resolved.user_fields)
     return config, serve_config, executor
 
 
@@ -61,11 +61,8 @@ class ReplicaSetup:
 def with_replicas(args: argparse.Namespace) -> bool:
     """Whether `serve` runs several replicas behind a front (`--replicas`, `--pools`, `--ray` or a
     `[cluster]` table in the config file)."""
-    from ..config import load_config_file
-
     return bool(getattr(args, "replicas", None) or getattr(args, "pools", None)
-                or getattr(args, "ray", None) is not None
-                or (getattr(args, "config", None) and "cluster" in load_config_file(args.config)))
+                or getattr(args, "ray", None) is not None or "cluster" in read_config_file(args))
 
 
 def front_tokenizer(run: dict[str, Any], model: str) -> Any:
@@ -96,15 +93,14 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     from ..cluster.spec import ClusterSpec
     from ..serving.front import build_front
     from ..serving.replicas import start_local, stop_all
-    from .options import cluster_options
-
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas: expected at least 1, got {args.replicas}")
-    config, run = resolve_options(args)  # a bad flag is said here, before any replica starts
-    spec = cluster_options(args) or ClusterSpec(replicas=1)
+    resolved = resolve_run(args)  # a bad flag is said here, before any replica starts
+    config, run = resolved.config, resolved.run
+    spec = resolved.cluster or ClusterSpec(replicas=1)
     plans = spec.plan(config)  # and a bad pool config
     router = make_router(spec.router, spec.router_options)
-    serve_config = serve_config_of(args, run)
+    serve_config = serve_config_of(args, run, resolved.file)
     top = config.model_dump()
     builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}) for p in plans]
     specs = [(p.name, p.pool) for p in plans]

@@ -9,7 +9,7 @@ from typing import Any
 from .arms import policy_configs
 from .compare import refuse_run_flags
 from .logs import log_to_stderr
-from .options import check_output_paths, cluster_options, make_executor, make_workload, resolve_options, workload_seed
+from .options import check_output_paths, make_executor, make_workload, resolve_run, workload_seed
 from .outputs import check_report_folder, manifest_for, warn
 
 
@@ -124,8 +124,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ..experiments.sweep import Sweep
 
     refuse_run_flags(args)
-    config, run = resolve_options(args)
-    if cluster_options(args) is not None:
+    resolved = resolve_run(args)
+    config, run = resolved.config, resolved.run
+    if resolved.cluster is not None:
         raise ValueError(f"{args.config}: cluster: sweep runs one engine per rate; a cluster runs under "
                          "`metroline run` and `compare` (remove the [cluster] table for the sweep)")
     if config.debug:

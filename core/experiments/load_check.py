@@ -45,6 +45,9 @@ HEAVY_LOAD = 1.5
 """Above this multiple of the capacity, the load is too heavy (the queue grows without bound)."""
 TARGET_LOAD = 0.95
 """The multiple of the capacity a suggested `--rate-scale` offers."""
+SPECULATION_TOKEN_USE = 0.8
+"""From this use of the token budget, drafts that bind it are taking prompts' tokens (see
+`speculation_message`)."""
 
 
 def estimate(stats: dict[str, Any]) -> dict[str, Any] | None:
@@ -124,3 +127,27 @@ def message(kind: str, e: dict[str, Any]) -> str | None:
                 f"measure the run's length: {where}; --rate-scale {e['suggested_rate_scale']:g} would put it "
                 "near capacity")
     return None
+
+
+def speculation_message(stats: dict[str, Any], summary: dict[str, Any], label: str = "", adaptive: bool = False) -> str | None:
+    """The warning for a run with speculative decoding at a load where its drafts cost TTFT (None
+    otherwise): drafts share `max_num_batched_tokens` with prefills, so once the token budget is
+    the resource that binds first (`stats["binding"]`), nearly full (`SPECULATION_TOKEN_USE`),
+    while requests wait (`queued_share` at least `LIGHT_QUEUED_SHARE`), every draft token
+    scheduled is a prompt token that waits: TTFT and the
+    queue grow (on `chat-steady`, n-gram k = 4: mean TTFT 146 ms to 1,760 ms). `summary` is the
+    run's (its acceptance and drafts thrown away); `adaptive`: `adaptive_speculation` is loaded."""
+    if (not stats or stats.get("binding") != "token_use" or stats["token_use"] < SPECULATION_TOKEN_USE
+            or stats.get("queued_share", 0.0) < LIGHT_QUEUED_SHARE):
+        return None
+    who = f"{label}: " if label else ""
+    accepted = summary.get("acceptance_rate")
+    drafts = (f"{accepted:.0%} of drafts accepted, {summary.get('draft_tokens_thrown_away', 0):,} draft tokens thrown "
+              "away; " if accepted is not None else "")
+    advice = ("lower num_speculative_tokens, or compare without --speculative-config" if adaptive else
+              "--plugin adaptive_speculation sizes drafts to the budget left after prefills; or compare without "
+              "--speculative-config")
+    return (f"warning: {who}speculation spends the prefill share at this load: the token budget binds "
+            f"({stats['token_use']:.0%} used) while a request waited {stats['queued_share']:.0%} of the time, so "
+            f"draft tokens delay prompts and raise TTFT ({drafts}mean TTFT {(summary.get('ttft_s') or {}).get('mean', 0.0) * 1000:.0f} ms); "
+            f"{advice}")

@@ -14,7 +14,9 @@ Every document metroline writes carries one under its top-level `manifest` key:
 - `plugins`: every plugin the runs load (policy, stacked plugins, the core's defaults) with its
   options, the sha256 of its module's source file and `imports`: the sha256 of every module of
   the plugin author's that it imports (`plugin_imports.imported_modules`: not the standard
-  library, site-packages or metroline);
+  library, site-packages or metroline); for a module of the author's, `file` (its source file)
+  and `sys_path` (the folder it was imported from, on PYTHONPATH or the working directory), which
+  `replay` puts on `sys.path` again;
 - `workload`: its name and source, the sha256 of its file (a trace or a spec: the same content
   under another name has the same hash) and of its requests (arrival, prompt segments, output
   length, tenant, priority);
@@ -126,7 +128,21 @@ def source_of(target: Any) -> dict[str, Any]:
     path = getattr(module, "__file__", None)
     imports = imported_modules(module) if module is not None else {}
     return {"module": getattr(module, "__name__", None), "sha256": sha256_file(path) if path else None,
-            **({"imports": imports} if imports else {})}
+            **({"imports": imports} if imports else {}), **loaded_from(module)}
+
+
+def loaded_from(module: Any) -> dict[str, str]:
+    """`{"file", "sys_path"}` of a plugin author's module (`plugin_imports.own_file`: not the
+    standard library, an installed package or metroline): its source file and the `sys.path`
+    entry its top-level package was found under (the folder on PYTHONPATH, or the working
+    directory), so that `replay` can import it again from another folder; `{}` for other modules."""
+    from .plugin_imports import own_file
+
+    file = own_file(getattr(module, "__file__", None))
+    if file is None:
+        return {}
+    depth = module.__name__.count(".") + (file.name == "__init__.py")
+    return {"file": str(file), "sys_path": str(file.parents[depth])}
 
 
 def workload_file(run: dict[str, Any], workload: Any) -> Path | None:

@@ -51,7 +51,7 @@ def run_many(
     jobs: int | None = None,
     labels: list[str] | None = None,
     oracle_lengths: bool = False,
-    progress: bool | None = False,
+    progress: bool | str | None = False,
     window_s: float = 60.0,
     vocab_size: int | None = None,
     ray: str | None = None,

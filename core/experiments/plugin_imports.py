@@ -25,7 +25,7 @@ _EXCLUDED = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for 
 _METROLINE = str(Path(__file__).resolve().parents[2])
 
 
-def _own_file(path: str | None) -> Path | None:
+def own_file(path: str | None) -> Path | None:
     """`path` when it is a plugin author's source file (see the module docstring), else None."""
     if not path or not path.endswith(".py"):
         return None
@@ -79,7 +79,7 @@ def imported_modules(module: ModuleType) -> dict[str, str]:
     seen = {module.__name__}
     while todo:
         name, file, package = todo.pop()
-        path = _own_file(file)
+        path = own_file(file)
         if path is None:
             continue
         source = path.read_bytes()

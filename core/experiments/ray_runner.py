@@ -38,7 +38,7 @@ def run_on_ray(
     *,
     extract: Callable[[Any, dict[str, Any]], Any] | None = None,
     address: str = "",
-    progress: bool | None = False,
+    progress: bool | str | None = False,
 ) -> list[tuple[dict[str, Any], Any]]:
     """`parallel.run_many` on Ray: `(document, extract(engine, document))` per run, in the order of
     `runs`; `options` are `run_workload`'s. The progress board marks each run done as it ends."""

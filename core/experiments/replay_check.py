@@ -10,9 +10,11 @@ metroline version or commit, a package, a plugin's source, the workload's file.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,16 +141,52 @@ def load_manifest(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return doc, manifest
 
 
+def plugin_folders(manifest: dict[str, Any]) -> list[str]:
+    """The folders the manifest's plugin modules were imported from (`sys_path` of its plugin
+    entries, `manifest.loaded_from`), for `replay` to put on `sys.path`: a plugin loaded through
+    PYTHONPATH imports again from another folder without it. `ValueError` naming the plugin, its
+    module, its file and what to do when a folder is gone and the module cannot be found here
+    (in the working directory, where the plugin loader looks, or on `sys.path`) either."""
+    folders = []
+    for entry in manifest.get("plugins", []):
+        folder = entry.get("sys_path")
+        if folder is None or folder in folders:
+            continue
+        if Path(folder).is_dir():
+            folders.append(folder)
+            continue
+        top = str(entry["module"]).split(".")[0]
+        if (Path.cwd() / top).is_dir() or (Path.cwd() / f"{top}.py").is_file() or importlib.util.find_spec(top):
+            continue
+        raise ValueError(f"replay: plugin {entry['spec']}: module {entry['module']!r} was loaded from {entry['file']} "
+                         f"(under {folder}, which no longer exists) and cannot be imported here: put the folder "
+                         f"holding {top!r} on PYTHONPATH and replay again")
+    return folders
+
+
+@contextlib.contextmanager
+def on_sys_path(folders: list[str]) -> Iterator[None]:
+    """`folders` first on `sys.path` within the block, as they were after it."""
+    saved = list(sys.path)
+    sys.path[:0] = [f for f in folders if f not in sys.path]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def replay_file(path: str | Path, rerun: Callable[[list[str], Path], None]) -> ReplayOutcome:
     """Rerun the document at `path`: `rerun(argv, out)` must run the manifest's command line
     `argv` writing its result document to `out`. It runs in the manifest's folder when that still
-    exists (relative workload paths then resolve as they did)."""
+    exists (relative workload paths then resolve as they did), with the folders its plugins were
+    imported from on `sys.path` (`plugin_folders`)."""
     original, manifest = load_manifest(path)
     cwd = Path(manifest["command"].get("cwd") or ".")
     with tempfile.TemporaryDirectory(prefix="metroline-replay-") as tmp:
         out = Path(tmp) / "replay.json"
         with contextlib.chdir(cwd if cwd.is_dir() else Path.cwd()):
-            rerun(list(manifest["command"]["argv"]), out)
+            with on_sys_path(plugin_folders(manifest)):
+                rerun(list(manifest["command"]["argv"]), out)
         replayed = json.loads(out.read_text(encoding="utf-8"))
     identical = canonical(original) == canonical(replayed)
     result_a = {k: v for k, v in original.items() if k != "manifest"}

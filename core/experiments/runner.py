@@ -114,8 +114,9 @@ def replay(
     until all have ended (through the one driving loop, `metroline.core.step.driving.drive`);
     returns the wall time it took.
 
-    `progress`: a progress bar on stderr (True; None: when stderr is a terminal), or an object
-    with `update(requests_done)` and `close()` methods.
+    `progress`: progress on stderr in a mode of `results.progress.progress_mode` (True or None:
+    a bar on a terminal, plain lines elsewhere; False: none), or an object with
+    `update(requests_done)` and `close()` methods.
 
     `until_s`: stop once the clock reaches it; requests arriving from then on are not submitted,
     those submitted stay where they are (see `horizon.unfinished_records`).

@@ -1,9 +1,15 @@
-"""Progress bars on the terminal, drawn by rich: `ProgressBar` for one run, `ProgressBoard` for
-several runs going on at once (one line per run, labelled with its policy).
+"""Progress on stderr while runs go on: `ProgressBar` for one run, `ProgressBoard` for several runs
+going on at once (one entry per run, labelled with its policy).
 
-Both are off by default unless their stream is a terminal, and import rich only when they first
-draw, so a run without a bar (a pipe, CI, a test) never loads it. `ProgressBar.update` runs once
-per engine step: it reads the clock only every few calls and redraws at most 10 times a second.
+Each shows in one of two modes (`progress_mode`): on a terminal a bar redrawn in place (drawn by
+rich, imported only when it first draws), elsewhere (a pipe, a log file, CI) plain lines, one
+every `PLAIN_INTERVAL_S` seconds at most and never a carriage return or a control sequence:
+`progress 30 s: srpt 512/1500 (34%)`, or for a board
+`progress 60 s: 3/20 runs done, srpt 512/1500 (34%)`. The interval is shared by every bar and board of one
+command (`new_command` starts it afresh), so a command running many short runs one after another
+still prints a line every interval, naming the run under way; a command that ends within the first interval prints none.
+`ProgressBar.update` runs once per engine step: it reads the clock only every few calls and redraws
+at most 10 times a second.
 """
 
 from __future__ import annotations
@@ -20,6 +26,52 @@ def is_terminal(stream: Any) -> bool:
         return bool(isatty and isatty())
     except (ValueError, OSError):
         return False
+
+
+MODES = ("auto", "bar", "plain", "off")
+"""The values of `--progress`: `auto` (the default) is `bar` on a terminal and `plain` elsewhere."""
+
+PLAIN_INTERVAL_S = 30.0
+"""Seconds between two plain progress lines (and before the first one)."""
+
+_plain_clock = {"last": None}
+"""When this process last printed a plain line (or started its first plain progress)."""
+
+
+def new_command() -> None:
+    """Start the plain-line interval afresh: the CLI calls it as each command starts, so that the
+    interval is shared by the bars and boards of one command (its runs one after another), never
+    carried over from an earlier command run in the same process."""
+    _plain_clock["last"] = None
+
+
+def progress_mode(progress: bool | str | None, stream: Any) -> str | None:
+    """The mode a bar or board shows in: `"bar"`, `"plain"` or None (nothing). `progress` is
+    `--progress`'s value, a mode of `MODES`, or True (auto) / False (off) / None (auto)."""
+    if progress is False or progress == "off":
+        return None
+    if progress in (None, True, "auto"):
+        return "bar" if is_terminal(stream) else "plain"
+    if progress in ("bar", "plain"):
+        return progress
+    raise ValueError(f"--progress: expected one of {', '.join(MODES)}, got {progress!r}")
+
+
+def _plain_line_due(now: float) -> bool:
+    """Whether a plain line is due at `now` (and if so, the interval starts again)."""
+    last = _plain_clock["last"]
+    if last is None:
+        _plain_clock["last"] = now
+        return False
+    if now - last < PLAIN_INTERVAL_S:
+        return False
+    _plain_clock["last"] = now
+    return True
+
+
+def _plain_entry(label: str, done: int, total: int) -> str:
+    share = f" ({100 * done // total}%)" if total else ""
+    return f"{label + ' ' if label else ''}{done}/{total}{share}"
 
 
 def _rich_progress(stream: TextIO) -> Any:
@@ -56,8 +108,25 @@ class _RichLines:
     _progress: Any = None
     _tasks: list[Any]
 
-    def _show(self, completed: list[int]) -> None:
-        """Redraw with `completed[i]` units done for the task of `labels[i]`."""
+    mode: str | None
+    _started: float
+
+    def _show(self, completed: list[int], now: float) -> None:
+        """Redraw with `completed[i]` units done for the task of `labels[i]` (plain mode: a line,
+        when one is due at `now`: a bar's share, or a board's count of finished runs and the
+        shares of those under way)."""
+        if self.mode == "plain":
+            if _plain_line_due(now):
+                if len(self.labels) == 1:
+                    text = _plain_entry(self.labels[0], completed[0], self.total)
+                else:
+                    finished = sum(done >= self.total for done in completed)
+                    text = ", ".join([f"{finished}/{len(self.labels)} runs done"] + [
+                        _plain_entry(label, done, self.total)
+                        for label, done in zip(self.labels, completed) if 0 < done < self.total])
+                print(f"progress {now - self._started:.0f} s: {text}", file=self.stream, flush=True)
+                self.draws += 1
+            return
         if self._progress is None:
             self._progress = _rich_progress(self.stream)
             self._tasks = [self._progress.add_task(label, total=self.total) for label in self.labels]
@@ -67,12 +136,19 @@ class _RichLines:
         self._progress.refresh()
         self.draws += 1
 
+    def _set_mode(self, progress: bool | str | None) -> None:
+        self.mode = progress_mode(progress, self.stream)
+        self.enabled = self.mode is not None
+        self._started = time.monotonic()
+        if self.mode == "plain" and _plain_clock["last"] is None:
+            _plain_clock["last"] = self._started
+
     def _draw(self, now: float) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
         """Draw the final state and end the lines (nothing when disabled)."""
-        if self.enabled:
+        if self.enabled and self.mode == "bar":
             self._draw(time.monotonic())
             self._progress.stop()
             self._progress = None
@@ -92,8 +168,8 @@ class ProgressBar(_RichLines):
 
     `update(done)` is cheap enough to call every step: it reads the clock only every `stride`
     calls (at most `MAX_STRIDE`), adapting `stride` so that the clock is read about 20 times a
-    second, and redraws at most 10 times a second. Enabled by default only when `stream` is a
-    terminal.
+    second, and redraws at most 10 times a second. `enabled`: a mode of `progress_mode` (default
+    auto: a bar on a terminal, plain lines elsewhere).
     """
 
     MIN_INTERVAL_S = 0.1
@@ -105,7 +181,7 @@ class ProgressBar(_RichLines):
     ) -> None:
         self.total = total
         self.stream = sys.stderr if stream is None else stream
-        self.enabled = is_terminal(self.stream) if enabled is None else enabled
+        self._set_mode(enabled)
         self.labels = [label]
         self.done = 0
         self.draws = 0
@@ -133,7 +209,7 @@ class ProgressBar(_RichLines):
 
     def _draw(self, now: float) -> None:
         self._last_draw = now
-        self._show([self.done])
+        self._show([self.done], now)
 
 
 class ProgressBoard(_RichLines):
@@ -141,8 +217,8 @@ class ProgressBoard(_RichLines):
     one line per run on `stream` (default `sys.stderr`), labelled with `labels[i]`.
 
     `update(index, done)` with the requests done by run `index`, or `done=None` once it has
-    finished (its line then shows `total`); redraws at most 10 times a second. Enabled by default
-    only on a terminal.
+    finished (its line then shows `total`); redraws at most 10 times a second. `enabled`: as
+    `ProgressBar`'s; a plain line names the runs under way.
     """
 
     MIN_INTERVAL_S = 0.1
@@ -153,7 +229,7 @@ class ProgressBoard(_RichLines):
         self.labels = list(labels)
         self.total = total
         self.stream = sys.stderr if stream is None else stream
-        self.enabled = is_terminal(self.stream) if enabled is None else enabled
+        self._set_mode(enabled)
         self.done: list[int | None] = [0] * len(self.labels)
         self.draws = 0
         self._last_draw = float("-inf")
@@ -167,4 +243,4 @@ class ProgressBoard(_RichLines):
 
     def _draw(self, now: float) -> None:
         self._last_draw = now
-        self._show([self.total if done is None else done for done in self.done])
+        self._show([self.total if done is None else done for done in self.done], now)

@@ -224,7 +224,7 @@ FAIRNESS_ROWS = (
 COMPARISON_FIELDS = ("mean", "p50", "p99", "max")
 
 
-def _comparison_table(docs: list[dict]) -> Any:
+def _comparison_table(docs: list[dict]) -> list[Any]:
     headers: list[str] = []
     seen: dict[str, int] = {}
     for doc in docs:
@@ -261,10 +261,46 @@ def _comparison_table(docs: list[dict]) -> Any:
         for label, key, fmt in FAIRNESS_ROWS:
             rows.append((label, [fmt((d.get("fairness") or {}).get(key)) for d in docs]))
 
-    table = _table("", *headers, min_width=10)
-    for label, values in rows:
-        table.add_row(label, *values)
-    return table
+    shared = [(label, values[0]) for label, values in rows
+              if label in SHARED_ROWS and len(docs) > 1 and len(set(values)) == 1]
+    rows = [(label, values) for label, values in rows if (label, values[0]) not in shared or len(set(values)) > 1]
+    parts: list[Any] = [" | ".join(f"{label} {value}" for label, value in shared)] if shared else []
+    for group in _column_groups(headers, rows):
+        table = _table("", *(headers[i] for i in group), min_width=COMPARISON_MIN_WIDTH)
+        for label, values in rows:
+            table.add_row(label, *(values[i] for i in group))
+        parts += [""] * bool(parts) + [table]
+    return parts
+
+
+SHARED_ROWS = ("workload", "executor", "cost model")
+"""Rows printed once, on the line above the table, when every run has the same value."""
+COMPARISON_WIDTH = 100
+"""The comparison table's widest line: more runs than fit are shown in several tables, one under
+the other, each with the row labels."""
+COMPARISON_MIN_WIDTH = 8
+
+
+def _column_groups(headers: list[str], rows: list[tuple[str, list[str]]]) -> list[list[int]]:
+    """The runs' columns split, in order, into groups whose table fits `COMPARISON_WIDTH` (a
+    column too wide for that even alone is a group of its own)."""
+
+    def width(group: list[int]) -> int:
+        table = _table("", *(headers[i] for i in group), min_width=COMPARISON_MIN_WIDTH)
+        for label, values in rows:
+            table.add_row(label, *(values[i] for i in group))
+        return max(len(line) for line in _plain([table]).splitlines())
+
+    groups: list[list[int]] = [[]]
+    for i in range(len(headers)):
+        if groups[-1] and width([*groups[-1], i]) > COMPARISON_WIDTH:
+            groups.append([])
+        groups[-1].append(i)
+    size = -(-len(headers) // len(groups))  # as many tables, as even as they can be (5 + 2 -> 4 + 3)
+    even = [list(range(i, min(i + size, len(headers)))) for i in range(0, len(headers), size)]
+    if len(even) == len(groups) and all(width(g) <= COMPARISON_WIDTH for g in even):
+        return even
+    return groups
 
 
 def format_comparison_table(docs: list[dict]) -> str:
@@ -273,11 +309,13 @@ def format_comparison_table(docs: list[dict]) -> str:
 
     Runs with the same policy name get `#2`, `#3`... appended to their header. Latency rows are
     in milliseconds, at `COMPARISON_FIELDS` (the JSON has every percentile); with several tenants or
-    priority classes, each one's TTFT p99 gets a row.
+    priority classes, each one's TTFT p99 gets a row. The rows of `SHARED_ROWS` that every run
+    shares make one line above the table; no line is wider than `COMPARISON_WIDTH` (100) unless one
+    run's column alone is: runs that do not fit go to a second table under the first.
     """
-    return _plain([_comparison_table(docs)])
+    return _plain(_comparison_table(docs))
 
 
 def print_comparison_table(docs: list[dict], file: TextIO | None = None) -> None:
     """`format_comparison_table` printed to `file` (default stdout), with colour on a terminal."""
-    _print([_comparison_table(docs)], file)
+    _print(_comparison_table(docs), file)

@@ -211,8 +211,9 @@ def load_trace(path: str | Path) -> list[WorkloadItem]:
 
 
 def find_traces_dir(traces_dir: str | Path | None = None) -> Path:
-    """The traces folder: `traces_dir`, else $METROLINE_TRACES, else `../shared/traces` next to
-    the repository root or the working directory."""
+    """The traces folder: `traces_dir`, else $METROLINE_TRACES, else `traces` in the working
+    directory (where `metroline traces fetch` saves), else `../shared/traces` next to the
+    repository root or the working directory."""
     if traces_dir is not None or os.environ.get("METROLINE_TRACES"):
         path = Path(traces_dir if traces_dir is not None else os.environ["METROLINE_TRACES"])
         if not path.is_dir():
@@ -220,6 +221,7 @@ def find_traces_dir(traces_dir: str | Path | None = None) -> Path:
             raise WorkloadError(f"{given}: traces directory {path} does not exist")
         return path
     candidates = [
+        Path.cwd() / "traces",
         Path(__file__).resolve().parents[2] / "../shared/traces",
         Path.cwd() / "../shared/traces",
     ]
