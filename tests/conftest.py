@@ -152,7 +152,7 @@ def assert_pool_drained(engine: Engine) -> None:
 SLOW_TESTS = {
     # real SmolLM2 weights: parity with Hugging Face generate (about 30 s)
     ("test_torch_executor.py", "test_smollm2_chat_prompts_match_hf_generate"),
-    # the SmolLM2 tokenizer built from its GGUF file: a module fixture of about 25 s
+    # the SmolLM2 tokenizer: dequantizes the GGUF file into the loader's cache when no other test did
     ("test_sampling_detokenizer.py", "test_streamed_text_is_the_full_decode"),
     ("test_sampling_detokenizer.py", "test_stop_strings_cut_where_the_full_decode_says"),
     # long runs: a weighted-fair run through HTTP, two azure_conv demonstrations (10-13 s each)

@@ -134,17 +134,24 @@ def check_architecture(folder: Path) -> str:
     return support.model_type(config)
 
 
+def model_folder(spec: str) -> Path:
+    """The Hugging Face folder `load` reads `spec` from: a model folder as it is; a GGUF file (or a
+    known name) dequantized into the cache first, when it is not there yet. Its tokenizer is the
+    one the GGUF file holds, saved beside the weights."""
+    path = locate(spec)
+    if path.is_dir():
+        return path
+    folder = _gguf_cache_dir(path)
+    if not folder.is_dir():
+        _dequantize_to_cache(path, folder)
+    return folder
+
+
 def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> tuple[Any, Any, str]:
-    """Load `(model, tokenizer, folder)`; a GGUF goes through the cache first."""
+    """Load `(model, tokenizer, folder)`; a GGUF goes through the cache first (`model_folder`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = locate(spec)
-    if path.is_file():
-        folder = _gguf_cache_dir(path)
-        if not folder.is_dir():
-            _dequantize_to_cache(path, folder)
-    else:
-        folder = path
+    folder = model_folder(spec)
     model_type = check_architecture(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
