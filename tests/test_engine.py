@@ -184,6 +184,45 @@ def test_cancel_a_swapped_request_frees_its_host_blocks():
     assert_pool_drained(engine)
 
 
+def test_cancel_a_request_whose_arrival_time_has_not_come():
+    """The only pending request, aborted before its arrival time: it leaves the pending heap, ends
+    as cancelled (reported by the next step) and is never scheduled."""
+    engine = make_engine()
+    engine.add_request(request("now", 4, max_new=3))
+    engine.add_request(request("later", 4, max_new=3, arrival_time=5.0))
+    (later,) = engine.sequences("later")
+    assert engine.intake.pending == [(5.0, later.arrival_no, later)]
+    assert engine.abort("later") is True
+    assert engine.intake.pending == []
+    assert later.finish_reason is FinishReason.CANCELLED
+    outputs = engine.step()
+    assert [(o.request_id, o.finished, o.new_token_ids) for o in outputs if o.request_id == "later"] == [
+        ("later", True, [])]
+    run_to_end(engine)
+    assert engine.sequences("now")[0].finish_reason is FinishReason.LENGTH
+    assert later.num_output_tokens == 0 and later.first_scheduled_time is None
+    assert all(set(p.scheduled) == {engine.sequences("now")[0].seq_id} for p in engine.executor.plans)
+    assert engine.executor.now() < 5.0  # nothing waited for the aborted arrival
+    assert_pool_drained(engine)
+
+
+def test_cancel_an_arrived_request_leaves_a_pending_one_pending():
+    """Aborting a request that has arrived touches neither the pending heap nor the queues
+    beyond that request: the pending one arrives at its time and runs."""
+    engine = make_engine()
+    engine.add_request(request("a", 4, max_new=6))
+    engine.add_request(request("later", 4, max_new=2, arrival_time=5.0))
+    engine.step()
+    (later,) = engine.sequences("later")
+    _cancel_and_check(engine, "a")
+    assert engine.intake.pending == [(5.0, later.arrival_no, later)]
+    engine.executor.idle_until(5.0)  # `step` does not move the clock: `run` and `stream` do
+    run_to_end(engine)
+    assert engine.sequences("a")[0].num_output_tokens == 1
+    assert later.finish_reason is FinishReason.LENGTH and later.first_scheduled_time >= 5.0
+    assert_pool_drained(engine)
+
+
 def test_cancel_a_finished_or_unknown_request_returns_false():
     engine = make_engine()
     engine.add_request(request("done", 4, max_new=2))
