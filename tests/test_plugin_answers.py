@@ -525,3 +525,45 @@ def test_an_on_tokens_error_fails_the_steps_requests_but_not_one_that_just_finis
     assert short.finish_reason is FinishReason.LENGTH and short.error is None
     assert long.finish_reason is FinishReason.FAILED and "raises_at_the_end" in long.error
     assert_pool_drained(engine)
+    assert [(o.request_id, len(o.new_token_ids), o.finished) for o in info.value.outputs] == [
+        ("short", 1, True), ("long", 1, False), ("long", 0, True),  # no second end for `short`
+    ]
+
+
+def test_recovery_frees_now_only_the_blocks_no_queue_will_reap():
+    """`recovery.fail` ends each live sequence once: the device blocks of one outside `running` (a
+    half-done admission) and the host blocks of one outside `swapped` (a swap-in cut short) go
+    back at once, with its computed tokens reset; a running or swapped sequence keeps its blocks
+    for the reap. A sequence that had ended is left as it was."""
+    from metroline.core.step import recovery
+
+    engine = make_engine(num_blocks=8, preemption_mode="swap", swap_space_blocks=8,
+                         enable_prefix_caching=False)
+    engine.add_request(request("A", 8, max_new=12))
+    engine.add_request(request("B", 8, max_new=12))
+    for _ in range(10):
+        engine.step()
+    sched, pool, swap = engine.scheduler, engine.pool, engine.scheduler.swap
+    (a,), (b,) = engine.sequences("A"), engine.sequences("B")
+    assert a in sched.running and b in sched.swapped and len(b.host_table) == 4
+    engine.add_request(request("w", 4, max_new=2))
+    (w,) = engine.sequences("w")
+    assert w in sched.waiting and w.block_table == []
+    # a half-done admission and swap-in: `w` holds a device block and two host blocks
+    assert pool.allocate_slots(w.block_table, 0, 4, [])
+    w.num_computed_tokens = 4
+    w.host_table = swap.allocate(2)
+    a_blocks = list(a.block_table)
+    assert pool.num_used_blocks() == len(a_blocks) + 1 and swap.num_free_blocks() == 2
+
+    failed = recovery.fail(sched, [a, b, w], 1.5, "PluginError: x")
+    assert failed == [a, b, w]
+    assert all(s.finish_reason is FinishReason.FAILED and s.error == "PluginError: x" for s in failed)
+    assert (w.block_table, w.host_table, w.num_computed_tokens) == ([], [], 0)
+    assert a.block_table == a_blocks and len(b.host_table) == 4  # the reap frees these
+    assert pool.num_used_blocks() == len(a_blocks) and swap.num_free_blocks() == 4
+
+    assert recovery.fail(sched, [a, w], 2.0, "PluginError: y") == []  # they had ended
+    assert a.error == w.error == "PluginError: x" and a.finish_time == 1.5
+    sched.reap()
+    assert_pool_drained(engine)
