@@ -567,3 +567,37 @@ def test_recovery_frees_now_only_the_blocks_no_queue_will_reap():
     assert a.error == w.error == "PluginError: x" and a.finish_time == 1.5
     sched.reap()
     assert_pool_drained(engine)
+
+
+def test_a_bad_row_of_a_sample_answer_fails_its_request_only():
+    """A `sample` answer of the right length with one row that is no token id: that row's request
+    fails (its error names the plugin, the hook and the bad value), the others get their tokens in
+    the same step, and the engine raises the request's error once the step is done."""
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [VOCAB if s.request_id == "bad" else 5 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow()], executor=VocabExecutor())
+    engine.add_request(request("good", _prompt(1, 4), max_new=3))
+    engine.add_request(request("bad", _prompt(2, 4), max_new=3))
+    engine.add_request(request("fine", _prompt(3, 4), max_new=2))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    err = info.value
+    assert (err.plugin, err.hook, err.request_id) == ("one_bad_row", "sample", "bad")
+    assert "token id 32000 is outside [0, 32000)" in err.problem
+    assert sorted((o.request_id, o.new_token_ids, o.finished) for o in err.outputs) == [
+        ("bad", [], True), ("fine", [5], False), ("good", [5], False)]
+    (good,), (bad,), (fine,) = (engine.sequences(r) for r in ("good", "bad", "fine"))
+    assert bad.finish_reason is FinishReason.FAILED and bad.output_token_ids == []
+    assert bad.error == f"PluginError: {err}" and bad.block_table == []
+    assert engine.pool.num_used_blocks() == len(good.block_table) + len(fine.block_table) == 2  # 4 tokens each
+    run_to_end(engine)  # no bad row any more: the others end by length
+    assert (good.output_token_ids, fine.output_token_ids) == ([5, 5, 5], [5, 5])
+    assert good.finish_reason is fine.finish_reason is FinishReason.LENGTH
+    assert {r.id: r.finish_reason for r in engine.metrics.requests} == {
+        "good": "length", "bad": "failed", "fine": "length"}
+    assert_pool_drained(engine)
