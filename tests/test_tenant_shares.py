@@ -187,3 +187,43 @@ def test_tenant_shares_refuses_bad_options():
         TenantShares({"enterprise": 0.8, "free": 0.5})
     with pytest.raises(ValueError, match=r"plugin 'tenant_shares': option 'shares.enterprise': .*greater than or equal to 0"):
         TenantShares({"enterprise": -1})
+
+
+class CountingArrivals:
+    """Admission in arrival order, counting the candidates pulled at each step."""
+
+    name = "counting_arrivals"
+
+    def __init__(self) -> None:
+        self.pulled: list[int] = []
+
+    @hookimpl
+    def admission(self, ctx):
+        self.pulled.append(0)
+
+        def gen():
+            for s in list(ctx.waiting):
+                self.pulled[-1] += 1
+                yield s
+
+        return gen()
+
+
+def test_a_spent_budget_ends_admission_with_a_reserve_still_outstanding():
+    """Budget 8, all prefill (nothing runs yet), shares 0.5 and 0.5: 4 prefill tokens reserved for
+    each tenant. The first candidate (tenant `ent`, 8 prompt tokens) takes the whole budget, more
+    than its reserve (a reserved tenant may); `big`'s reserve is still outstanding, but with no
+    token left the step pulls no further candidate: `b` waits for the next step."""
+    counter = CountingArrivals()
+    engine = make_engine(plugins=[FixedShares({"ent": 0.5, "big": 0.5}), counter], policy="fcfs",
+                         max_num_batched_tokens=8)
+    engine.add_request(request("e", 8, max_new=2, tenant="ent"))
+    engine.add_request(request("b", 4, max_new=2, tenant="big"))
+    engine.step()
+    (e,), (b,) = engine.sequences("e"), engine.sequences("b")
+    assert counter.pulled == [1]
+    assert engine.executor.plans[0].scheduled == {e.seq_id: 8}
+    assert b.num_computed_tokens == 0 and b in engine.scheduler.waiting
+    run_to_end(engine)
+    assert e.num_output_tokens == b.num_output_tokens == 2
+    assert_pool_drained(engine)
