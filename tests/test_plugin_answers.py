@@ -601,3 +601,50 @@ def test_a_bad_row_of_a_sample_answer_fails_its_request_only():
     assert {r.id: r.finish_reason for r in engine.metrics.requests} == {
         "good": "length", "bad": "failed", "fine": "length"}
     assert_pool_drained(engine)
+
+
+def test_a_bad_row_beside_a_batched_logits_bias_fails_its_request_only():
+    """On the torch executor, with a wrapper's `add_logits_bias` in the step (the mask check then
+    gathers each row's token from the adjusted logits): a `sample` row that is no token id fails
+    its request (no logprob is recorded for the dropped row), the mask check reads the other rows
+    only, and the good request gets its token."""
+    torch = pytest.importorskip("torch")
+    from torch_helpers import VOCAB as TINY_VOCAB
+    from torch_helpers import tiny_llama
+
+    from metroline.executors.torch import TorchExecutor
+
+    class Bias:
+        name = "bias"
+
+        @hookimpl(wrapper=True)
+        def sample(self, ctx, seqs, logits):
+            ctx.add_logits_bias(list(range(len(seqs))), torch.zeros(len(seqs), logits.shape[-1]))
+            return (yield)
+
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [TINY_VOCAB if s.request_id == "bad" else 7 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow(), Bias()], executor=TorchExecutor(tiny_llama()), block_size=16,
+                         num_blocks=8)
+    engine.add_request(request("good", [3, 1, 4, 1, 5], max_new=3, logprobs=1))
+    engine.add_request(request("bad", [2, 7, 1, 8], max_new=3, logprobs=1))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    err = info.value
+    assert err.plugin.startswith("one_bad_row (through wrapper ") and "bias" in err.plugin
+    assert (err.hook, err.request_id) == ("sample", "bad")
+    assert f"token id {TINY_VOCAB} is outside [0, {TINY_VOCAB})" in err.problem
+    assert sorted((o.request_id, o.new_token_ids, o.finished) for o in err.outputs) == [
+        ("bad", [], True), ("good", [7], False)]
+    run_to_end(engine)
+    (good,), (bad,) = engine.sequences("good"), engine.sequences("bad")
+    assert good.output_token_ids == [7, 7, 7] and good.finish_reason is FinishReason.LENGTH
+    assert bad.finish_reason is FinishReason.FAILED and bad.output_token_ids == []
+    # a logprob for each token a request got, none for the dropped row
+    assert len(good.logprobs) == 3 and bad.logprobs == []
+    assert_pool_drained(engine)
