@@ -628,3 +628,24 @@ def engine_with_one_request(retain):
     engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
     engine.run()
     return engine
+
+
+def test_advance_ends_aborted_and_failed_requests_without_making_outputs():
+    """`Engine.advance` (a replay's step: no outputs made) reports an abort's end and a failing
+    step's ends into the metrics only: the cancelled and the failed requests end as in `step`."""
+    def boom(plan):
+        if plan.step == 2:
+            raise RuntimeError("device lost")
+
+    engine = make_engine(executor=RecordingExecutor(on_execute=boom))
+    engine.add_request(request("A", 4, max_new=5))
+    engine.add_request(request("B", 4, max_new=5))
+    assert engine.advance() is None
+    assert engine.abort("B") is True
+    assert engine.advance() is None  # B's end reported, then A's step fails
+    assert not engine.has_unfinished()
+    (a,), (b,) = engine.sequences("A"), engine.sequences("B")
+    assert (a.finish_reason, a.error, a.num_output_tokens) == (FinishReason.FAILED, "RuntimeError: device lost", 1)
+    assert (b.finish_reason, b.num_output_tokens) == (FinishReason.CANCELLED, 1)
+    assert {r.id: r.finish_reason for r in engine.metrics.requests} == {"A": "failed", "B": "cancelled"}
+    assert_pool_drained(engine)
