@@ -603,6 +603,30 @@ def test_a_bad_row_of_a_sample_answer_fails_its_request_only():
     assert_pool_drained(engine)
 
 
+def test_a_bad_row_fails_its_request_in_a_step_that_makes_no_outputs():
+    """`Engine.advance` (a replay's step, no outputs made) meets the bad row as `step` does: the
+    row's request fails, its error is raised once the step is done, the other request goes on."""
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [-1 if s.request_id == "bad" else 5 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow()], executor=VocabExecutor())
+    engine.add_request(request("good", _prompt(1, 4), max_new=2))
+    engine.add_request(request("bad", _prompt(2, 4), max_new=2))
+    with pytest.raises(PluginError) as info:
+        engine.advance()
+    assert (info.value.request_id, info.value.outputs) == ("bad", None)
+    (good,), (bad,) = engine.sequences("good"), engine.sequences("bad")
+    assert (bad.finish_reason, bad.output_token_ids) == (FinishReason.FAILED, [])
+    assert good.output_token_ids == [5]
+    engine.advance()
+    assert good.output_token_ids == [5, 5] and good.finish_reason is FinishReason.LENGTH
+    assert_pool_drained(engine)
+
+
 def test_a_bad_row_beside_a_batched_logits_bias_fails_its_request_only():
     """On the torch executor, with a wrapper's `add_logits_bias` in the step (the mask check then
     gathers each row's token from the adjusted logits): a `sample` row that is no token id fails
