@@ -118,7 +118,7 @@ class PrefixIndex(PoolState):
                     break
             # the count is in [lo, hi + step/2) now: binary search it
             if lo < size:
-                hi = min(size, lo + (step >> 1)) - 1 if lo else min(size, step >> 1) - 1
+                hi = min(size, lo + (step >> 1)) - 1
                 while lo < hi:
                     mid = (lo + hi + 1) >> 1
                     if chain[mid - 1][0] in memo:

@@ -439,3 +439,22 @@ def test_a_relative_fit_minimises_the_relative_errors():
     # gives 2.25 b = 1.5
     b, _ = fit_linear([[1.0], [1.0], [1.0]], [0.0, 1.0, 2.0], relative=True)
     assert b == pytest.approx([2 / 3])
+
+
+@pytest.mark.parametrize("delta, separable", [(3e-5, False), (1e-4, True)])
+def test_the_collinearity_tolerance_is_relative_to_the_largest_column(delta, separable):
+    """1,000 steps where two columns are equal but for `delta` in one step, and one step where
+    only a third column is set (orthogonal to both). Scaled to a max of 1, the Gram matrix has the
+    diagonal (1000, ~1000, 1); eliminating the first column leaves the second a pivot of
+    delta^2 * 999 / 1000 (8.99e-10 for 3e-5, 9.99e-9 for 1e-4), against a tolerance of 1e-12 times
+    the largest diagonal entry, 1e-9: the first is refused as collinear, the second is fitted. (A
+    tolerance taken from the smallest entry, 1e-12, would fit both.)"""
+    n = 1000
+    xs = [[1.0, 1.0 - (delta if i == 0 else 0.0), 0.0] for i in range(n)] + [[0.0, 0.0, 1.0]]
+    ys = [2.0 * x[0] + 3.0 * x[1] + 5.0 * x[2] for x in xs]
+    if not separable:
+        with pytest.raises(ValueError, match="cannot separate"):
+            fit_linear(xs, ys)
+        return
+    coef, r2 = fit_linear(xs, ys)
+    assert coef == pytest.approx([2.0, 3.0, 5.0], rel=1e-6) and r2 == pytest.approx(1.0)

@@ -184,6 +184,45 @@ def test_cancel_a_swapped_request_frees_its_host_blocks():
     assert_pool_drained(engine)
 
 
+def test_cancel_a_request_whose_arrival_time_has_not_come():
+    """The only pending request, aborted before its arrival time: it leaves the pending heap, ends
+    as cancelled (reported by the next step) and is never scheduled."""
+    engine = make_engine()
+    engine.add_request(request("now", 4, max_new=3))
+    engine.add_request(request("later", 4, max_new=3, arrival_time=5.0))
+    (later,) = engine.sequences("later")
+    assert engine.intake.pending == [(5.0, later.arrival_no, later)]
+    assert engine.abort("later") is True
+    assert engine.intake.pending == []
+    assert later.finish_reason is FinishReason.CANCELLED
+    outputs = engine.step()
+    assert [(o.request_id, o.finished, o.new_token_ids) for o in outputs if o.request_id == "later"] == [
+        ("later", True, [])]
+    run_to_end(engine)
+    assert engine.sequences("now")[0].finish_reason is FinishReason.LENGTH
+    assert later.num_output_tokens == 0 and later.first_scheduled_time is None
+    assert all(set(p.scheduled) == {engine.sequences("now")[0].seq_id} for p in engine.executor.plans)
+    assert engine.executor.now() < 5.0  # nothing waited for the aborted arrival
+    assert_pool_drained(engine)
+
+
+def test_cancel_an_arrived_request_leaves_a_pending_one_pending():
+    """Aborting a request that has arrived touches neither the pending heap nor the queues
+    beyond that request: the pending one arrives at its time and runs."""
+    engine = make_engine()
+    engine.add_request(request("a", 4, max_new=6))
+    engine.add_request(request("later", 4, max_new=2, arrival_time=5.0))
+    engine.step()
+    (later,) = engine.sequences("later")
+    _cancel_and_check(engine, "a")
+    assert engine.intake.pending == [(5.0, later.arrival_no, later)]
+    engine.executor.idle_until(5.0)  # `step` does not move the clock: `run` and `stream` do
+    run_to_end(engine)
+    assert engine.sequences("a")[0].num_output_tokens == 1
+    assert later.finish_reason is FinishReason.LENGTH and later.first_scheduled_time >= 5.0
+    assert_pool_drained(engine)
+
+
 def test_cancel_a_finished_or_unknown_request_returns_false():
     engine = make_engine()
     engine.add_request(request("done", 4, max_new=2))
@@ -589,3 +628,24 @@ def engine_with_one_request(retain):
     engine.add_request(Request(prompt_token_ids=[1, 2, 3]))
     engine.run()
     return engine
+
+
+def test_advance_ends_aborted_and_failed_requests_without_making_outputs():
+    """`Engine.advance` (a replay's step: no outputs made) reports an abort's end and a failing
+    step's ends into the metrics only: the cancelled and the failed requests end as in `step`."""
+    def boom(plan):
+        if plan.step == 2:
+            raise RuntimeError("device lost")
+
+    engine = make_engine(executor=RecordingExecutor(on_execute=boom))
+    engine.add_request(request("A", 4, max_new=5))
+    engine.add_request(request("B", 4, max_new=5))
+    assert engine.advance() is None
+    assert engine.abort("B") is True
+    assert engine.advance() is None  # B's end reported, then A's step fails
+    assert not engine.has_unfinished()
+    (a,), (b,) = engine.sequences("A"), engine.sequences("B")
+    assert (a.finish_reason, a.error, a.num_output_tokens) == (FinishReason.FAILED, "RuntimeError: device lost", 1)
+    assert (b.finish_reason, b.num_output_tokens) == (FinishReason.CANCELLED, 1)
+    assert {r.id: r.finish_reason for r in engine.metrics.requests} == {"A": "failed", "B": "cancelled"}
+    assert_pool_drained(engine)

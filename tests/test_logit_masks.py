@@ -87,6 +87,17 @@ def test_the_context_api_is_only_for_the_sample_hook():
         engine.scheduler.ctx.ban_tokens(None, [1])
 
 
+def test_outside_the_sample_hook_no_token_is_banned():
+    """`ctx.banned_tokens` is a read: outside a `sample` call there are no masks, and it answers
+    the empty set (the bans of a step end with its sample hook)."""
+    engine = Engine(EngineConfig(num_blocks=8, block_size=16), SimulatedExecutor(make_cost_model("steps")))
+    engine.add_request(req("a", [1, 2, 3], n=2))
+    (seq,) = engine.sequences("a")
+    assert engine.scheduler.ctx.banned_tokens(seq) == frozenset()
+    engine.step()  # the step's sample hook came and went
+    assert seq.num_output_tokens == 1 and engine.scheduler.ctx.banned_tokens(seq) == frozenset()
+
+
 torch = pytest.importorskip("torch")
 
 

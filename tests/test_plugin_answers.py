@@ -525,3 +525,150 @@ def test_an_on_tokens_error_fails_the_steps_requests_but_not_one_that_just_finis
     assert short.finish_reason is FinishReason.LENGTH and short.error is None
     assert long.finish_reason is FinishReason.FAILED and "raises_at_the_end" in long.error
     assert_pool_drained(engine)
+    assert [(o.request_id, len(o.new_token_ids), o.finished) for o in info.value.outputs] == [
+        ("short", 1, True), ("long", 1, False), ("long", 0, True),  # no second end for `short`
+    ]
+
+
+def test_recovery_frees_now_only_the_blocks_no_queue_will_reap():
+    """`recovery.fail` ends each live sequence once: the device blocks of one outside `running` (a
+    half-done admission) and the host blocks of one outside `swapped` (a swap-in cut short) go
+    back at once, with its computed tokens reset; a running or swapped sequence keeps its blocks
+    for the reap. A sequence that had ended is left as it was."""
+    from metroline.core.step import recovery
+
+    engine = make_engine(num_blocks=8, preemption_mode="swap", swap_space_blocks=8,
+                         enable_prefix_caching=False)
+    engine.add_request(request("A", 8, max_new=12))
+    engine.add_request(request("B", 8, max_new=12))
+    for _ in range(10):
+        engine.step()
+    sched, pool, swap = engine.scheduler, engine.pool, engine.scheduler.swap
+    (a,), (b,) = engine.sequences("A"), engine.sequences("B")
+    assert a in sched.running and b in sched.swapped and len(b.host_table) == 4
+    engine.add_request(request("w", 4, max_new=2))
+    (w,) = engine.sequences("w")
+    assert w in sched.waiting and w.block_table == []
+    # a half-done admission and swap-in: `w` holds a device block and two host blocks
+    assert pool.allocate_slots(w.block_table, 0, 4, [])
+    w.num_computed_tokens = 4
+    w.host_table = swap.allocate(2)
+    a_blocks = list(a.block_table)
+    assert pool.num_used_blocks() == len(a_blocks) + 1 and swap.num_free_blocks() == 2
+
+    failed = recovery.fail(sched, [a, b, w], 1.5, "PluginError: x")
+    assert failed == [a, b, w]
+    assert all(s.finish_reason is FinishReason.FAILED and s.error == "PluginError: x" for s in failed)
+    assert (w.block_table, w.host_table, w.num_computed_tokens) == ([], [], 0)
+    assert a.block_table == a_blocks and len(b.host_table) == 4  # the reap frees these
+    assert pool.num_used_blocks() == len(a_blocks) and swap.num_free_blocks() == 4
+
+    assert recovery.fail(sched, [a, w], 2.0, "PluginError: y") == []  # they had ended
+    assert a.error == w.error == "PluginError: x" and a.finish_time == 1.5
+    sched.reap()
+    assert_pool_drained(engine)
+
+
+def test_a_bad_row_of_a_sample_answer_fails_its_request_only():
+    """A `sample` answer of the right length with one row that is no token id: that row's request
+    fails (its error names the plugin, the hook and the bad value), the others get their tokens in
+    the same step, and the engine raises the request's error once the step is done."""
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [VOCAB if s.request_id == "bad" else 5 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow()], executor=VocabExecutor())
+    engine.add_request(request("good", _prompt(1, 4), max_new=3))
+    engine.add_request(request("bad", _prompt(2, 4), max_new=3))
+    engine.add_request(request("fine", _prompt(3, 4), max_new=2))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    err = info.value
+    assert (err.plugin, err.hook, err.request_id) == ("one_bad_row", "sample", "bad")
+    assert "token id 32000 is outside [0, 32000)" in err.problem
+    assert sorted((o.request_id, o.new_token_ids, o.finished) for o in err.outputs) == [
+        ("bad", [], True), ("fine", [5], False), ("good", [5], False)]
+    (good,), (bad,), (fine,) = (engine.sequences(r) for r in ("good", "bad", "fine"))
+    assert bad.finish_reason is FinishReason.FAILED and bad.output_token_ids == []
+    assert bad.error == f"PluginError: {err}" and bad.block_table == []
+    assert engine.pool.num_used_blocks() == len(good.block_table) + len(fine.block_table) == 2  # 4 tokens each
+    run_to_end(engine)  # no bad row any more: the others end by length
+    assert (good.output_token_ids, fine.output_token_ids) == ([5, 5, 5], [5, 5])
+    assert good.finish_reason is fine.finish_reason is FinishReason.LENGTH
+    assert {r.id: r.finish_reason for r in engine.metrics.requests} == {
+        "good": "length", "bad": "failed", "fine": "length"}
+    assert_pool_drained(engine)
+
+
+def test_a_bad_row_fails_its_request_in_a_step_that_makes_no_outputs():
+    """`Engine.advance` (a replay's step, no outputs made) meets the bad row as `step` does: the
+    row's request fails, its error is raised once the step is done, the other request goes on."""
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [-1 if s.request_id == "bad" else 5 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow()], executor=VocabExecutor())
+    engine.add_request(request("good", _prompt(1, 4), max_new=2))
+    engine.add_request(request("bad", _prompt(2, 4), max_new=2))
+    with pytest.raises(PluginError) as info:
+        engine.advance()
+    assert (info.value.request_id, info.value.outputs) == ("bad", None)
+    (good,), (bad,) = engine.sequences("good"), engine.sequences("bad")
+    assert (bad.finish_reason, bad.output_token_ids) == (FinishReason.FAILED, [])
+    assert good.output_token_ids == [5]
+    engine.advance()
+    assert good.output_token_ids == [5, 5] and good.finish_reason is FinishReason.LENGTH
+    assert_pool_drained(engine)
+
+
+def test_a_bad_row_beside_a_batched_logits_bias_fails_its_request_only():
+    """On the torch executor, with a wrapper's `add_logits_bias` in the step (the mask check then
+    gathers each row's token from the adjusted logits): a `sample` row that is no token id fails
+    its request (no logprob is recorded for the dropped row), the mask check reads the other rows
+    only, and the good request gets its token."""
+    torch = pytest.importorskip("torch")
+    from torch_helpers import VOCAB as TINY_VOCAB
+    from torch_helpers import tiny_llama
+
+    from metroline.executors.torch import TorchExecutor
+
+    class Bias:
+        name = "bias"
+
+        @hookimpl(wrapper=True)
+        def sample(self, ctx, seqs, logits):
+            ctx.add_logits_bias(list(range(len(seqs))), torch.zeros(len(seqs), logits.shape[-1]))
+            return (yield)
+
+    class OneBadRow:
+        name = "one_bad_row"
+
+        @hookimpl
+        def sample(self, seqs):
+            return [TINY_VOCAB if s.request_id == "bad" else 7 for s in seqs]
+
+    engine = make_engine(plugins=[OneBadRow(), Bias()], executor=TorchExecutor(tiny_llama()), block_size=16,
+                         num_blocks=8)
+    engine.add_request(request("good", [3, 1, 4, 1, 5], max_new=3, logprobs=1))
+    engine.add_request(request("bad", [2, 7, 1, 8], max_new=3, logprobs=1))
+    with pytest.raises(PluginError) as info:
+        engine.step()
+    err = info.value
+    assert err.plugin.startswith("one_bad_row (through wrapper ") and "bias" in err.plugin
+    assert (err.hook, err.request_id) == ("sample", "bad")
+    assert f"token id {TINY_VOCAB} is outside [0, {TINY_VOCAB})" in err.problem
+    assert sorted((o.request_id, o.new_token_ids, o.finished) for o in err.outputs) == [
+        ("bad", [], True), ("good", [7], False)]
+    run_to_end(engine)
+    (good,), (bad,) = engine.sequences("good"), engine.sequences("bad")
+    assert good.output_token_ids == [7, 7, 7] and good.finish_reason is FinishReason.LENGTH
+    assert bad.finish_reason is FinishReason.FAILED and bad.output_token_ids == []
+    # a logprob for each token a request got, none for the dropped row
+    assert len(good.logprobs) == 3 and bad.logprobs == []
+    assert_pool_drained(engine)

@@ -193,3 +193,31 @@ def test_the_shipped_policy_random_configuration_swaps_out_only_written_kv():
     r4, r16 = (outcome.engine.sequences(r)[0] for r in ("r4", "r16"))
     assert r16.num_cached_prompt_tokens == 3  # readmitted later on the same block, written by then
     assert outcome.engine.scheduler.total_preemptions == sum(len(p.preempted) for p in executor.plans)
+
+
+def test_a_victim_taken_while_a_candidate_grows_sends_it_back_to_match_again():
+    """vLLM's speculative scheduling pads an admission that is one token short of decoding with
+    `num_speculative_tokens` (2) drafts, and `num_lookahead_tokens` (4) slots beyond: its growth
+    takes more blocks than its admission check counted. Block size 4, 5 blocks. Step 1: `a`
+    prefills its 7 tokens (block 0 full, registered). Step 2: `a` decodes position 7 with 2
+    drafts and 4 lookahead slots (blocks 0-3; it fills and registers block 1 in this step); `c`,
+    whose 9 tokens are a's 8 and one more, hits blocks 0 and 1 (one short of decoding: padded,
+    1 + 2 tokens, positions 8..14 with the lookahead: 2 blocks more, 1 free). Growing it preempts
+    `a` (the plugin's victim), whose block 1 leaves the index unwritten: `c` matches again, on
+    block 0 only, and prefills positions 4..8 (5 tokens, unpadded) instead of reading block 1."""
+    engine = make_engine(
+        num_blocks=5, speculative_scheduling="vllm", plugins=[PreemptTheFirst()],
+        speculative_config={"num_speculative_tokens": 2, "num_lookahead_tokens": 4},
+    )
+    engine.add_request(request("a", [61, 62, 63, 64, 65, 66, 67], max_new=8))
+    engine.step()
+    (a,) = engine.sequences("a")
+    assert (len(a.token_ids), a.num_computed_tokens, a.num_cached_blocks) == (8, 7, 1)
+    engine.add_request(request("c", a.token_ids[:8] + [99], max_new=2))
+    engine.step()
+    plan = engine.executor.plans[1]
+    assert ("a", "WAITING") in plan.preempted
+    assert plan.scheduled["c"] == 5 and plan.starts["c"] == 4
+    run_to_end(engine)
+    assert [engine.sequences(r)[0].num_output_tokens for r in "ac"] == [8, 2]
+    assert_pool_drained(engine)

@@ -478,3 +478,31 @@ def test_the_plans_own_bookkeeping_methods_still_work_and_warn():
     with _pytest.warns(MetrolineDeprecationWarning, match="StepPlan.drop is deprecated"):
         plan.drop(s)
     assert (plan.scheduled, plan.num_prefill_tokens, plan.prefill_left, plan.prefills_left) == ({}, 0, 64, 3)
+
+
+def test_the_deprecated_seal_samples_completed_prefills_and_drafting_decodes():
+    """`StepPlan.seal` (deprecated) with drafts: a prefill that reaches its last token is sampled,
+    a partial prefill is not, and a drafting decode is (its newest token's row comes first, though
+    its computed + scheduled tokens run past its known ones by the drafts)."""
+    import warnings
+
+    from metroline.core.requests.request import SamplingParams
+    from metroline.core.requests.sequence import Sequence
+    from metroline.core.step.plan import StepPlan
+
+    done = Sequence("done", list(range(12)), SamplingParams(max_new_tokens=4), 0.0)
+    part = Sequence("part", list(range(20)), SamplingParams(max_new_tokens=4), 0.0)
+    drafting = Sequence("drafting", list(range(5)), SamplingParams(max_new_tokens=4), 0.0)
+    drafting.num_computed_tokens = 4  # its newest token, then 2 drafts: positions 4..6
+    plan = StepPlan(1, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan.set_budget(10, 64, 3)
+        plan.add(done, 12, False)
+        plan.add(part, 8, False)
+        plan.add(drafting, 3, True)
+        plan.drafts[drafting] = 2
+        plan.seal()
+    assert plan.sample_seqs == [done, drafting]
+    assert plan.positions(drafting) == range(4, 7) and plan.draft_positions(drafting) == range(5, 7)
+    assert list(plan.draft_positions(done)) == []  # no drafts

@@ -356,3 +356,27 @@ def test_the_flag_and_the_config_file_take_vllms_json(tmp_path, capsys):
     assert "--speculative-config: invalid JSON" in capsys.readouterr().err
     assert main([*args, str(tmp_path / "c.json"), "--speculative-config", '{"num_speculative_tokens": 99}']) == 2
     assert "num_speculative_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lookahead, max_new, drafts, blocks", [
+    (4, 2, 0, 1),   # one token left to generate: no draft, so no lookahead either: position 3 only
+    (4, 3, 1, 3),   # two left: 1 draft, 1 + 1 + 4 slots: positions 3..8, three blocks
+    (2, 20, 3, 3),  # 1 + 3 + 2 slots: positions 3..8, three blocks (one slot fewer: two)
+    (1, 20, 3, 2),  # 1 + 3 + 1 slots: positions 3..7, two blocks (one slot more: three)
+])
+def test_a_drafting_decode_holds_its_drafts_and_lookahead_slots(lookahead, max_new, drafts, blocks):
+    """Block size 4, a 3-token prompt (position 3 is the first decode), the hook asking for 3
+    drafts: the drafts are cut so that none runs past `max_new_tokens`, and a decode with `k`
+    drafts takes the slots of 1 + k + `num_lookahead_tokens` positions; with none it takes the one
+    slot of its token."""
+    spec = {**SPEC, "num_lookahead_tokens": lookahead}
+    engine = Engine(EngineConfig(block_size=4, num_blocks=50, speculative_config=spec), make_executor("sim"),
+                    plugins=[Drafts(lambda decodes, most: [most] * len(decodes))])
+    engine.add_request(Request(request_id="a", prompt_token_ids=[1, 2, 3],
+                               sampling=SamplingParams(max_new_tokens=max_new)))
+    engine.step()
+    (seq,) = engine.sequences("a")
+    assert (len(seq.token_ids), seq.num_computed_tokens, len(seq.block_table)) == (4, 3, 1)
+    plan = engine.scheduler.schedule(engine.executor.now())
+    assert plan.scheduled[seq] == 1 + drafts and plan.drafts.get(seq, 0) == drafts
+    assert len(seq.block_table) == blocks

@@ -14,6 +14,7 @@ from conftest import assert_pool_drained, live_tables, make_engine, request, run
 from metroline.core.errors import PluginError
 from metroline.core.plugins.budget import Split
 from metroline.core.plugins.hookspecs import hookimpl
+from metroline.core.requests.sequence import SeqState
 from metroline.plugins_contrib.tenant_shares import TenantShares
 from metroline.testing import ConformanceError, check_plugin
 
@@ -187,3 +188,92 @@ def test_tenant_shares_refuses_bad_options():
         TenantShares({"enterprise": 0.8, "free": 0.5})
     with pytest.raises(ValueError, match=r"plugin 'tenant_shares': option 'shares.enterprise': .*greater than or equal to 0"):
         TenantShares({"enterprise": -1})
+
+
+class CountingArrivals:
+    """Admission in arrival order, counting the candidates pulled at each step."""
+
+    name = "counting_arrivals"
+
+    def __init__(self) -> None:
+        self.pulled: list[int] = []
+
+    @hookimpl
+    def admission(self, ctx):
+        self.pulled.append(0)
+
+        def gen():
+            for s in list(ctx.waiting):
+                self.pulled[-1] += 1
+                yield s
+
+        return gen()
+
+
+def test_a_spent_budget_ends_admission_with_a_reserve_still_outstanding():
+    """Budget 8, all prefill (nothing runs yet), shares 0.5 and 0.5: 4 prefill tokens reserved for
+    each tenant. The first candidate (tenant `ent`, 8 prompt tokens) takes the whole budget, more
+    than its reserve (a reserved tenant may); `big`'s reserve is still outstanding, but with no
+    token left the step pulls no further candidate: `b` waits for the next step."""
+    counter = CountingArrivals()
+    engine = make_engine(plugins=[FixedShares({"ent": 0.5, "big": 0.5}), counter], policy="fcfs",
+                         max_num_batched_tokens=8)
+    engine.add_request(request("e", 8, max_new=2, tenant="ent"))
+    engine.add_request(request("b", 4, max_new=2, tenant="big"))
+    engine.step()
+    (e,), (b,) = engine.sequences("e"), engine.sequences("b")
+    assert counter.pulled == [1]
+    assert engine.executor.plans[0].scheduled == {e.seq_id: 8}
+    assert b.num_computed_tokens == 0 and b in engine.scheduler.waiting
+    run_to_end(engine)
+    assert e.num_output_tokens == b.num_output_tokens == 2
+    assert_pool_drained(engine)
+
+
+class WaitingThenSwapped:
+    """Once `on`: admission offers the waiting requests, then the swapped ones; and the split is
+    4 decode and 8 prefill tokens with all the prefill reserved for tenant `ent`."""
+
+    name = "waiting_then_swapped"
+    on = False
+
+    @hookimpl
+    def admission(self, ctx):
+        if self.on:
+            return [*ctx.waiting, *ctx.swapped]
+        return None
+
+    @hookimpl
+    def split_budget(self, budget):
+        if self.on:
+            return Split(4, 8, 8, None, {"ent": 1.0})
+        return None
+
+
+def test_a_held_candidate_that_stops_admission_ends_it_before_later_candidates():
+    """`o` (another tenant's) comes first but is held: all 8 prefill tokens are `ent`'s reserve.
+    `e` (tenant `ent`, 8 tokens) uses the reserve, and the held `o` then finds no prefill token
+    left: admission stops there, as it would on any candidate that stops it. `b`, a swapped
+    decode offered after them, is not brought back in this step, though 4 decode tokens and the
+    blocks for it are left."""
+    plugin = WaitingThenSwapped()
+    engine = make_engine(num_blocks=8, preemption_mode="swap", swap_space_blocks=8, plugins=[plugin])
+    engine.add_request(request("A", 8, max_new=12))
+    engine.add_request(request("b", 8, max_new=12, tenant="other"))
+    for _ in range(10):
+        engine.step()
+    (b,) = engine.sequences("b")
+    assert b.state is SeqState.SWAPPED and b.is_decoding
+    assert engine.abort("A") is True  # the device blocks are all free again
+    engine.add_request(request("o", 8, max_new=2, tenant="other"))
+    engine.add_request(request("e", 8, max_new=2, tenant="ent"))
+    plugin.on = True
+    engine.step()
+    plan = engine.executor.plans[-1]
+    (e,), (o,) = engine.sequences("e"), engine.sequences("o")
+    assert plan.admitted == [e.seq_id] and plan.scheduled == {e.seq_id: 8}
+    assert b.state is SeqState.SWAPPED and o.state is SeqState.WAITING
+    plugin.on = False
+    run_to_end(engine)
+    assert [engine.sequences(r)[0].num_output_tokens for r in ("b", "o", "e")] == [12, 2, 2]
+    assert_pool_drained(engine)

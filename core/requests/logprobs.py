@@ -8,19 +8,22 @@ scan. Torch is imported only when there is a logits tensor.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from .sequence import Sequence
 
 
-def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int], rowwise: bool = False) -> None:
+def record_logprobs(seqs: list[Sequence], logits: Any, tokens: list[int], rowwise: bool = False,
+                    skip: Collection[Sequence] = ()) -> None:
     """Append to each `seq.logprobs` that is not None the log-probability of `tokens[i]` under
     row i of `logits` and the `seq.sampling.logprobs` most likely tokens with theirs. Nothing
-    without logits (a simulated executor). `rowwise` (the deterministic mode) computes each row
-    alone, on a `[1, vocab]` tensor, so its numbers do not depend on how many rows asked."""
+    without logits (a simulated executor), nothing for the sequences in `skip` (failed rows, whose
+    token is dropped). `rowwise` (the deterministic mode) computes each row alone, on a
+    `[1, vocab]` tensor, so its numbers do not depend on how many rows asked."""
     if logits is None:
         return
-    rows = [i for i, seq in enumerate(seqs) if seq.logprobs is not None]
+    rows = [i for i, seq in enumerate(seqs) if seq.logprobs is not None and seq not in skip]
     if not rows:
         return
     import torch

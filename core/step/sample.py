@@ -86,7 +86,8 @@ class SamplePhase:
         if problem is not None:
             failures.clear()
             raise self.plugins.invalid("sample", problem)
-        record_logprobs(seqs, logits, tokens, ctx.config.deterministic)
+        # a failed row's token is dropped: no logprob is recorded for it
+        record_logprobs(seqs, logits, tokens, ctx.config.deterministic, {s for s, _ in failures})
         if failures:
             seqs, tokens = self._fail_sampled(seqs, tokens, now, outputs)
         self.appender.append(seqs, tokens, now, outputs)
