@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ... import __version__
+from ..plugins.hook_watch import Watchdog
 from ..requests.request import Request
 from ..requests.sequence import FinishReason
 from ..step.async_engine import AsyncEngine, Rejected, RequestStream
@@ -60,6 +61,10 @@ class Server:
         self.on_stop: Any = None
         """Called with this server once it has drained, before the process exits (uvicorn then
         re-raises the signal that stopped it): `metroline serve` prints its summary there."""
+        watch = engine.plugins.watch
+        watch.budget_s = serve.hook_budget_s or None
+        watch.on_overrun = lambda plugin, hook, took: self.metrics.plugin_overruns.labels(plugin, hook).inc()
+        self.watchdog = Watchdog(watch)
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
             stall_timeout=serve.stall_timeout, after_step=self._after_step, on_end=self._ended,
@@ -197,6 +202,7 @@ class Server:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         await self.loop.start()
+        self.watchdog.start()
         # everything alive now (modules, the engine, the app) lives as long as the server: out of
         # the collector's sight, so that a full collection walks only what requests made since
         # (one took ~50 ms with them, stalling every stream on the event loop)
@@ -205,6 +211,7 @@ class Server:
             yield
         finally:
             await self.drain()
+            self.watchdog.stop()
             gc.unfreeze()
             if self.on_stop is not None:
                 self.on_stop(self)

@@ -78,6 +78,10 @@ class ServeConfig(BaseModel):
     its last `buffer_tokens` tokens (it stopped reading and the socket buffers are full) is paused:
     the engine stops serving it but keeps its blocks, and resumes it as soon as the client reads
     again. Paused for `stall_timeout` seconds, it is cancelled and its blocks freed.
+    `hook_budget_s`: the longest one plugin call may take inside the step (1 s; 0 turns it off):
+    a call past it is stopped and fails what its error fails (the one request it was called for,
+    for `check_request`, `on_arrival` and `estimate_output_tokens`), named in the log and counted
+    in `metroline_plugin_overruns_total` (`metroline.core.plugins.hook_watch`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -98,6 +102,7 @@ class ServeConfig(BaseModel):
     public_metrics: bool = False
     health_timeout_s: float = Field(default=1.0, gt=0.0)
     down_after_s: float = Field(default=3.0, gt=0.0)
+    hook_budget_s: float = Field(default=1.0, ge=0.0)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
