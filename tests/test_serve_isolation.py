@@ -31,6 +31,7 @@ from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
 
 KEYS = {"A": "sk-tenant-a", "B": "sk-tenant-b"}
+OPERATOR = {"Authorization": "Bearer sk-operator"}
 POLICIES = ["fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr"]
 
 
@@ -53,7 +54,8 @@ def server(policy: str = "fcfs", plugins=(), step_time: float = 0.002, **serve) 
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=step_time)))
     engine = make_engine(EngineConfig(policy=policy, max_num_seqs=16), executor, list(plugins))
     tenants = {name: {"api_keys": [key]} for name, key in KEYS.items()}
-    return ServerThread(engine, ServeConfig(tenants=tenants, **{"public_metrics": True, **serve}))
+    return ServerThread(engine, ServeConfig(tenants=tenants, **{"public_metrics": True,
+                                                              "operator_keys": ["sk-operator"], **serve}))
 
 
 class Stream:
@@ -95,7 +97,7 @@ def wait_idle(srv: ServerThread, timeout: float = 30.0) -> None:
     engine = srv.engine
     deadline = time.monotonic() + timeout
     while True:
-        state = httpx.get(srv.url + "/v1/replica/state", timeout=10).json()
+        state = httpx.get(srv.url + "/v1/replica/state", headers=OPERATOR, timeout=10).json()
         if state["in_flight"] == 0 and state["num_running"] == 0 and state["num_waiting"] == 0:
             break
         assert time.monotonic() < deadline, state
@@ -335,3 +337,14 @@ def test_the_front_refuses_a_batch_larger_than_the_waiting_queue_itself(front):
     assert r.status_code == 413 and REPLICA_HEADER not in r.headers, r.text  # no replica saw it
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("batch_too_large", "prompt")
     assert "a batch of 1025 prompts" in r.json()["error"]["message"] and "max_waiting=1024" in r.json()["error"]["message"]
+
+
+def test_the_replica_state_is_an_operators_page_where_tenants_are_configured():
+    """`/v1/replica/state` (every tenant's load) answers 401 without a key and to a tenant's key,
+    200 to an operator's; the front reads it with a key of its own (its tests route through it)."""
+    with server() as srv:
+        url = srv.url + "/v1/replica/state"
+        assert httpx.get(url, timeout=10).status_code == 401
+        assert httpx.get(url, headers=auth("A"), timeout=10).status_code == 401
+        r = httpx.get(url, headers=OPERATOR, timeout=10)
+        assert r.status_code == 200 and r.json()["in_flight"] == 0

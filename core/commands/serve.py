@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 from typing import Any
 
@@ -48,11 +49,17 @@ class ReplicaSetup:
     """`serve_setup(args)` of one replica, with its engine's `changes` (its pool's and canary's
     config and policy stack) applied over the top-level config (picklable: replicas are spawned)."""
 
-    def __init__(self, changes: dict[str, Any]) -> None:
+    def __init__(self, changes: dict[str, Any], front_key: str | None = None) -> None:
         self.changes = changes
+        self.front_key = front_key
+        """An operator key of the replica's, which only the front knows: it reads the replica's
+        `/v1/replica/state` with it."""
 
     def __call__(self, args: argparse.Namespace) -> tuple[Any, Any, Any]:
         config, serve_config, executor = serve_setup(args)
+        if self.front_key is not None:
+            serve_config = serve_config.model_copy(
+                update={"operator_keys": [*serve_config.operator_keys, self.front_key]})
         if self.changes:
             config = config.model_validate({**config.model_dump(), **self.changes})
         return config, serve_config, executor
@@ -106,7 +113,8 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     router = make_router(spec.router, spec.router_options)
     serve_config = serve_config_of(args, run)
     top = config.model_dump()
-    builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}) for p in plans]
+    front_key = secrets.token_urlsafe(32)  # the front's own operator key at its replicas (their state)
+    builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}, front_key) for p in plans]
     specs = [(p.name, p.pool) for p in plans]
     if args.ray is not None:
         from ..serving.ray_replicas import start_ray
@@ -118,7 +126,7 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
         tokenizer = front_tokenizer(run, serve_config.model)
         stop = lambda rs: stop_all(rs, timeout=serve_config.drain_s + 5)
         return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop,
-                           cluster=(spec, plans)), serve_config
+                           cluster=(spec, plans), replica_key=front_key), serve_config
     except BaseException:
         stop_all(replicas)
         raise

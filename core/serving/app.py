@@ -185,7 +185,11 @@ class Server:
     async def replica_state(self, http: HTTPRequest) -> Response:
         """`GET /v1/replica/state`: the engine's load, read-only, for a router in front of several
         servers (`front.py`): queue lengths, KV blocks (`kv_used_blocks`: held by live requests;
-        0 once idle, or blocks leaked), the block size and the policy."""
+        0 once idle, or blocks leaked), the block size and the policy. With tenants it is an
+        operator's page, as `/metrics` is (a tenant could read the others' load from it): the front
+        asks it with a key of its own, given to its replicas as an operator key."""
+        if not self.tenants.may_read(http.headers.get("authorization"), "operator"):
+            return unauthorized().response()
         s, pool = self.engine.scheduler, self.engine.pool
         return JSONResponse({
             "num_waiting": len(s.waiting) + len(s.swapped), "num_running": len(s.running),

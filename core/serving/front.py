@@ -64,7 +64,7 @@ class Front:
 
     def __init__(self, replicas: list[Any], router: Router, serve: ServeConfig, tokenizer: Any,
                  poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
-                 canary: Callable[[Any], FrontCanary] | None = None) -> None:
+                 canary: Callable[[Any], FrontCanary] | None = None, replica_key: str | None = None) -> None:
         self.replicas = list(replicas)
         self.prefixes = PrefixDirectory(PREFIX_BLOCKS_PER_REPLICA * max(1, len(self.replicas)))
         """The blocks of the prompts routed to each replica (`prefix_aware`'s estimate), shared by the views."""
@@ -78,7 +78,7 @@ class Front:
         self.metrics = FrontMetrics([(r.name, r.pool) for r in self.replicas])
         self.canary = canary(self.metrics.registry) if canary is not None else None
         self.health = Health(self.replicas, self.views, self.metrics, serve.health_timeout_s, serve.down_after_s,
-                             poll_s, self._down)
+                             poll_s, self._down, replica_key)
         self.proxy = Proxy(self.health, self.metrics, self.canary)
         self.pages = FrontPages(serve, self.tenants, self.replicas, self.views, self.health, self.metrics,
                                 self.canary, self.proxy, self.created)
@@ -237,18 +237,20 @@ class Front:
 
 def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None = None, tokenizer: Any = None,
                 poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
-                cluster: tuple[Any, list[Any]] | None = None) -> Starlette:
+                cluster: tuple[Any, list[Any]] | None = None, replica_key: str | None = None) -> Starlette:
     """The front's ASGI app over started replicas (handles of `replicas.py` or `ray_replicas.py`);
     `stop_replicas(replicas)` runs when it shuts down. `cluster`: the `(ClusterSpec, plans)` the
     replicas were started from, in the same order (its canaries split the traffic and are
-    compared on `/v1/canary`). `app.state.front` is its `Front`."""
+    compared on `/v1/canary`). `replica_key`: an operator key of the replicas, which the health
+    checks send (`/v1/replica/state` is an operator's page where tenants are configured).
+    `app.state.front` is its `Front`."""
     from .tokens import StandInTokenizer
 
     canary = None
     if cluster is not None and cluster[0].has_canary:
         canary = lambda registry: FrontCanary(cluster[0], cluster[1], registry)  # noqa: E731
     front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s,
-                  stop_replicas, canary)
+                  stop_replicas, canary, replica_key)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", front.chat, methods=["POST"]),

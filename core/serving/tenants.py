@@ -19,7 +19,7 @@ when it ends (`metroline.plugins_contrib.tenant_quota.TenantQuota.reserve`).
 
 `operator_keys` are the keys of whoever runs the server: with tenants configured, `/metrics` (its
 per-tenant series) needs one (`public_metrics = true` opens it to anyone), and the front's
-`/v1/replicas`, `/v1/canary` and `/replicas/NAME/metrics` too; `/v1/models` needs a tenant's or an
+`/v1/replicas`, `/v1/canary` and `/replicas/NAME/metrics` too, and a server's `/v1/replica/state`; `/v1/models` needs a tenant's or an
 operator's key. `/health` is open (load balancers ask it).
 """
 
