@@ -312,20 +312,74 @@ def test_a_client_that_hangs_up_on_the_front_has_its_non_streamed_request_cancel
     assert all(s["kv_used_blocks"] == 0 for s in states), states
 
 
-def test_a_quota_refusal_is_counted_under_its_tenant():
+def test_a_request_larger_than_the_burst_is_refused_as_too_large_and_quota_refusals_count_under_the_tenant():
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.002)))
-    config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"token_rate": {"A": 1},
+    config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"token_rate": {"A": 0.001},
                                                                                      "burst": 50}})
     tenants = {name: {"api_keys": [key]} for name, key in KEYS.items()}
     with ServerThread(make_engine(config, executor), ServeConfig(tenants=tenants, public_metrics=True)) as srv:
-        answers = [httpx.post(srv.url + "/v1/completions", headers=auth("A"), timeout=60,
-                              json={"prompt": "over the burst", "max_tokens": 100}) for _ in range(2)]
-        assert answers[0].status_code == 200  # a full bucket pays for one request over the burst
-        r = answers[1]  # and is then below zero: full again in 114 s at 1 token/s
+        def ask(**body):
+            return httpx.post(srv.url + "/v1/completions", headers=auth("A"), timeout=60,
+                              json={"prompt": "within", "ignore_eos": True, **body})
+
+        r = ask(max_tokens=100)  # 6 + 100 tokens: more than the bucket ever holds
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "request_too_large" and error["param"] == "max_tokens"
+        assert "asks for 106 tokens (prompt 6 + max_tokens 100 x n 1)" in error["message"]
+        assert "token-rate burst of 50 tokens" in error["message"]
+        r = ask(max_tokens=10, n=3)  # 6 + 30: within the burst
+        assert r.status_code == 200, r.text
+        r = ask(max_tokens=10, n=3)  # the bucket holds 14 (+ 0.001 a second)
         assert r.status_code == 429 and "over its token-rate quota" in r.json()["error"]["message"], r.text
         rejections = {dict(labels)["tenant"]: v for (name, labels), v in _metrics(srv.url).items()
                       if name == "metroline_rejections_total" and dict(labels)["reason"] == "quota"}
-        assert rejections == {"A": 1.0}
+        assert rejections == {"A": 2.0}
+
+
+@pytest.fixture(scope="module")
+def quota_front(tmp_path_factory):
+    """`serve --replicas 2` (round robin) with tenant A's token rate: 200 tokens of burst, refilled
+    at 0.001 a second (nothing refills within a test)."""
+    from test_serve_replicas import start_front
+
+    config = tmp_path_factory.mktemp("quota_front") / "serve.toml"
+    config.write_text('max_model_len = 4096\nplugins = ["tenant_quota"]\n'
+                      '[plugin_options.tenant_quota]\ntoken_rate = { A = 0.001 }\nburst = 200\n'
+                      '[serve]\noperator_keys = ["sk-operator"]\n' + "".join(
+                          f'[serve.tenants.{name}]\napi_keys = ["{key}"]\n' for name, key in KEYS.items()))
+    srv = start_front("--config", str(config), "--replicas", "2", "--cost-model", "steps", "--step-time", "0.002")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_a_tenants_token_quota_holds_once_across_replicas_at_the_front(quota_front):
+    """One bucket for tenant A at the front, not one per replica: each request reserves 10 prompt
+    tokens + 150; what a request did not use (one that stops at its first token) comes back, from
+    the usage its replica reports (streamed: a comment the client never sees)."""
+    from metroline.core.serving.front import REPLICA_HEADER
+
+    url = quota_front.url + "/v1/completions"
+    body = {"prompt": "p" * 10, "max_tokens": 150}
+    with httpx.stream("POST", url, headers=auth("A"), timeout=60, json={**body, "stream": True, "stop": [" "]}) as r:
+        lines = [line for line in r.iter_lines() if line]
+        first = r.headers[REPLICA_HEADER]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]", lines
+    assert all(line.startswith("data: ") for line in lines), lines  # no usage comment reaches the client
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "stop": [" "]})  # 189 left: fits
+    assert r.status_code == 200 and r.headers[REPLICA_HEADER] != first, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "ignore_eos": True})  # 178 left: uses all
+    assert r.status_code == 200 and r.json()["usage"]["total_tokens"] == 160, r.text
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "ignore_eos": True})  # 18 left
+    assert r.status_code == 429 and "over its token-rate quota" in r.json()["error"]["message"], r.text
+    assert REPLICA_HEADER not in r.headers  # the front's refusal: no replica saw it
+    r = httpx.post(url, headers=auth("B"), timeout=60, json={**body, "ignore_eos": True})  # B has no rate
+    assert r.status_code == 200, r.text
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "max_tokens": 500})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "request_too_large" and error["param"] == "max_tokens"
+    assert "more than tenant 'A''s token-rate burst of 200 tokens" in error["message"], error
 
 
 @pytest.mark.slow

@@ -102,6 +102,7 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     from ..cluster.router import make_router
     from ..cluster.spec import ClusterSpec
     from ..serving.front import build_front
+    from ..serving.quota import quota_of_config
     from ..serving.replicas import start_local, stop_all
     from .options import cluster_options
 
@@ -126,7 +127,8 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
         tokenizer = front_tokenizer(run, serve_config.model)
         stop = lambda rs: stop_all(rs, timeout=serve_config.drain_s + 5)
         return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop,
-                           cluster=(spec, plans), replica_key=front_key), serve_config
+                           cluster=(spec, plans), replica_key=front_key, quota=quota_of_config(config),
+                           max_model_len=config.max_model_len), serve_config
     except BaseException:
         stop_all(replicas)
         raise

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..requests.sequence import FinishReason
 from . import protocol as p
+from .quota import usage_comment
 from .streams import Choice, RequestStream, StreamGroup
 
 OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
@@ -90,7 +91,7 @@ class EventStream:
 
     def __init__(self, stream: RequestStream | StreamGroup, shapes: p.Shapes, tokenizer: Any, hold: int,
                  include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None,
-                 writing: Any = None) -> None:
+                 writing: Any = None, usage_comment: bool = False) -> None:
         self.stream = stream
         self.shapes = shapes
         self.texts = [ChoiceText(c, tokenizer, hold, i) for i, c in enumerate(stream.choices)]
@@ -102,6 +103,9 @@ class EventStream:
         self.writing = writing
         """When given: `writing(1)` as the response starts, `writing(-1)` once it has ended (a
         server's drain waits for its streams' last bytes)."""
+        self.usage_comment = usage_comment
+        """End the stream with the tokens it used as an SSE comment, for the front's quota
+        (`metroline.core.serving.quota`)."""
         self.gone = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -146,7 +150,8 @@ class EventStream:
         if stream.finish_reason in (FinishReason.FAILED, FinishReason.CANCELLED):
             msg = ("cancelled" if stream.finish_reason is FinishReason.CANCELLED
                    else f"the engine failed this request: {stream.error}")
-            return p.sse(p.error_body(msg, "server_error")) + p.DONE
+            used = self._used() if self.usage_comment else ""
+            return p.sse(p.error_body(msg, "server_error")) + used.encode() + p.DONE
         out: list[str] = []
         for t in self.texts:
             if t.done:
@@ -169,8 +174,13 @@ class EventStream:
             use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens, stream.cached_tokens)
             out.append(p.sse_text(shapes.usage_chunk(use)))
         if stream.finished:
+            if self.usage_comment:
+                out.append(self._used())
             out.append(p.DONE_TEXT)
         return "".join(out).encode()
+
+    def _used(self) -> str:
+        return usage_comment(self.stream.num_prompt_tokens + self.stream.num_output_tokens)
 
 
 def final_texts(stream: RequestStream | StreamGroup, tokenizer: Any, chat: bool) -> list[tuple[str, str, dict | None]]:
