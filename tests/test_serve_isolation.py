@@ -402,3 +402,47 @@ def test_the_replica_state_is_an_operators_page_where_tenants_are_configured():
         assert httpx.get(url, headers=auth("A"), timeout=10).status_code == 401
         r = httpx.get(url, headers=OPERATOR, timeout=10)
         assert r.status_code == 200 and r.json()["in_flight"] == 0
+
+
+# --- slow readers bounded by their socket's bytes ------------------------------------------------
+
+
+def test_a_client_that_reads_nothing_is_paused_by_its_sockets_bytes_and_cut_after_the_stall_timeout():
+    """A raw socket (a small receive buffer) asks for a stream of 6,000 tokens and reads nothing.
+    The token rule is out of reach (`buffer_tokens` 1,000,000), so only the bytes its socket holds
+    (over 64 KiB: the transport's buffer and the kernel's send queue) pause it; paused past
+    `stall_timeout` it is cancelled, its blocks freed, its connection reset, long before its
+    6,000 tokens."""
+    import socket
+
+    with server(buffer_tokens=1_000_000, buffer_bytes=64 * 1024, stall_timeout=1.0) as srv:
+        body = json.dumps({"prompt": "a reader that reads nothing", "max_tokens": 6000, "stream": True,
+                           "ignore_eos": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEYS['A']}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(head + body)
+            deadline = time.monotonic() + 60
+            while True:  # until the request has ended
+                m = _metrics(srv.url)
+                ended = {dict(labels)["reason"]: v for (name, labels), v in m.items()
+                         if name == "metroline_requests_finished_total"}
+                if ended:
+                    break
+                assert time.monotonic() < deadline, "the stream was never cut"
+                time.sleep(0.05)
+            assert ended == {"cancelled": 1.0}
+            served = sum(v for (name, _), v in m.items() if name == "metroline_tokens_served_total")
+            assert 0 < served < 6000
+            health = httpx.get(srv.url + "/health", timeout=10).json()
+            assert health["socket_pauses"] == 1 and health["paused"] == 0
+            wait_idle(srv)
+            sock.settimeout(30)
+            with pytest.raises(ConnectionResetError):  # reset: whatever it held is dropped
+                while sock.recv(1 << 16):
+                    pass
+        finally:
+            sock.close()

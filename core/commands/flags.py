@@ -117,6 +117,8 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
                    help=f"cold start: reach max_num_seqs in flight over S seconds {default('ramp_s')}")
     p.add_argument("--buffer-tokens", type=int, metavar="N",
                    help=f"pause a stream whose reader is N tokens behind {default('buffer_tokens')}")
+    p.add_argument("--buffer-bytes", type=int, metavar="N",
+                   help=f"pause a stream whose socket holds N bytes its client has not taken {default('buffer_bytes')}")
     p.add_argument("--stall-timeout", type=float, metavar="S",
                    help=f"cancel a stream paused for S seconds {default('stall_timeout')}")
     p.add_argument("--default-max-tokens", type=int, metavar="N",

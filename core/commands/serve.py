@@ -9,7 +9,7 @@ from typing import Any
 
 from .options import fit_config, make_executor, resolve_options, user_fields
 
-SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens", "stall_timeout",
+SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens", "buffer_bytes", "stall_timeout",
               "default_max_tokens", "drain_s", "cache_salt", "max_body_bytes", "public_metrics", "hook_budget_s")
 """The `ServeConfig` fields a flag of `serve` sets (over the config file's `[serve]` table)."""
 

@@ -158,7 +158,8 @@ class Server:
                 marks = self.timings[request.request_id] = [started]
             return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
                                self.loop.abort, marks, self.engine.executor.now, self._writer,
-                               usage_comment=self.from_front(http))
+                               usage_comment=self.from_front(http),
+                               socket=(self.serve.buffer_bytes, self.loop.hold, self.loop.release))
         try:
             await until_disconnect(http, stream.result())
         except ClientGone:  # nobody to answer: its requests are cancelled, their blocks freed
