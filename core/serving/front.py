@@ -181,10 +181,9 @@ class Front:
         request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
-        if self.replica_key is not None:
-            headers[FRONT_HEADER] = self.replica_key
         reserved = 0
-        if self.quota is not None:
+        if self.quota is not None and self.replica_key is not None:  # the quota is the front's: the replica's is off
+            headers[FRONT_HEADER] = self.replica_key
             try:
                 reserved = await off_loop(self._reserve, body, chat, tenant, request.request_id, size=len(raw))
             except Refused as refused:
