@@ -20,7 +20,7 @@ from serve_process import start_serve
 import metroline
 
 ROOT = Path(metroline.__file__).parent.parent
-TESTS = ROOT / "metroline" / "tests" if (ROOT / "metroline" / "tests").is_dir() else Path(__file__).resolve().parent.parent / "tests"
+TESTS = Path(__file__).resolve().parent.parent / "tests"  # hang_plugins
 CONFIG = """
 [serve]
 operator_keys = ["sk-op"]
