@@ -77,7 +77,8 @@ class TenantQuota:
     Reservations (the server's way, as hosted APIs' rate limiters): `reserve(tenant, request_id,
     tokens, now)` charges a request's prompt plus `max_tokens x n` before it is submitted (None),
     or answers the seconds until the bucket can pay (at most `burst` of it: a larger request waits
-    for a full bucket and takes it below zero); `settle(request_id, used, now)` refunds what the
+    for a full bucket and takes it below zero; the server refuses such a request before it
+    reserves, `metroline.core.serving.quota.too_large`); `settle(request_id, used, now)` refunds what the
     request did not use once it ends. A reserved request is not charged again at admission nor
     per generated token, so a tenant's parallel requests, `n` samples and batches of prompts
     together cannot take more than `burst + rate * t` over any window of t seconds (plus, once,

@@ -88,7 +88,7 @@ def test_an_arm_shifted_by_a_constant_is_worse_by_exactly_that_constant():
     rng = random.Random(1)
     rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(400)]
     shifted = [(a, t + 0.05, p, e + 0.05) for a, t, p, e in rows]
-    c = compare_arms(ArmSamples(rows), ArmSamples(shifted))
+    c = compare_arms(ArmSamples(rows), ArmSamples(shifted), split=False)  # paired: the same arrivals
     for key in ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99"):
         d = c["metrics"][key]["difference"]
         assert d["estimate"] == pytest.approx(0.05) and d["low"] == pytest.approx(0.05), key  # every resample: +0.05
@@ -109,7 +109,7 @@ def test_a_canary_that_trades_a_worse_ttft_for_a_better_tpot_is_never_called_bet
         rng = random.Random(seed)
         rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(400)]
         canary = [(a, t + rng.uniform(-0.04, 0.05), p * 0.5, e) for a, t, p, e in rows]  # TTFT +5 ms, TPOT halved
-        c = compare_arms(ArmSamples(rows), ArmSamples(canary))
+        c = compare_arms(ArmSamples(rows), ArmSamples(canary), split=False)  # paired: the same arrivals
         per_metric = {k: m["verdict"] for k, m in c["metrics"].items()}
         assert per_metric["tpot_mean"] == "better"
         if WORSE in per_metric.values():
@@ -126,5 +126,31 @@ def test_windows_are_several_request_lifetimes_long():
     e2e = np.full(1000, 1.0)
     assert window_count(100.0, e2e, 1000) == 25  # 100 s in windows of 4 lifetimes of 1 s
     assert window_count(100.0, e2e, 200) == 10  # 20 requests a window on average
-    assert window_count(10.0, e2e, 1000) == 5  # never fewer than 5
-    assert window_count(1000.0, e2e, 100_000) == 40  # nor more than 40
+    assert window_count(10.0, e2e, 1000) == 2  # 10 s hold 2 windows of 4 s: too short (below)
+    assert window_count(1000.0, e2e, 100_000) == 40  # never more than 40
+
+
+def test_a_split_too_short_for_five_independent_windows_gets_no_verdict_and_says_why():
+    """Arms 10 s long whose requests live 1 s: 2 windows of 4 lifetimes. Against the baseline arm's
+    requests (a split) no verdict at all, however different the arms look, with the reason;
+    against a twin (the same requests, paired) 5 windows, and the 50% slower canary is worse."""
+    import numpy as np
+
+    from metroline.core.results.canary import ArmSamples, compare_arms, format_canary
+
+    rng = np.random.default_rng(7)
+    arrival = np.sort(rng.uniform(0, 10, 400))
+    base = rng.uniform(0.05, 0.15, 400)
+
+    def arm(scale: float) -> ArmSamples:
+        return ArmSamples((a, t * scale, 0.01 * scale, 1.0) for a, t in zip(arrival, base))
+
+    split = compare_arms(arm(1.0), arm(1.5))
+    assert split["windows"] == 2 and split["verdict"] is None
+    assert all(m["verdict"] is None for m in split["metrics"].values())
+    assert split["metrics"]["ttft_mean"]["canary"] > split["metrics"]["ttft_mean"]["baseline"]
+    assert "windows of at least 4 x the p90 end-to-end latency (1.00 s)" in split["window_reason"]
+    assert "too short to compare (no verdict)" in split["window_reason"]
+    assert "too short to compare" in format_canary("c", split)
+    twin = compare_arms(arm(1.0), arm(1.5), split=False)
+    assert twin["windows"] == 5 and twin["verdict"] == "worse"

@@ -33,6 +33,7 @@ import metroline  # noqa: E402
 ROOT = Path(metroline.__file__).parent.parent
 """The folder `metroline` is imported from here (the servers these tests start import the same code,
 not whatever an editable install points to)."""
+HERE = Path(__file__).resolve().parent
 KEYS = {"alpha": "sk-alpha", "beta": "sk-beta", "gamma": "sk-gamma"}
 OPERATOR = "sk-operator"
 CONFIG = f"""
@@ -77,7 +78,8 @@ class Served:
         config = tmp / "serve.toml"
         config.write_text(CONFIG + (CLUSTER if cluster else ""))
         self.err = (tmp / "stderr.txt").open("w+")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        path = [str(ROOT), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]  # HERE: hang_plugins
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.proc = subprocess.Popen([sys.executable, "-m", "metroline", "serve", "--config", str(config), "--port",
                                       "0", *SIM, *flags], stderr=self.err, env=env)
         deadline = time.monotonic() + 120
@@ -407,3 +409,46 @@ def test_sigterm_ends_every_stream_with_a_last_event_and_done_without_a_tracebac
     assert code in (0, -signal.SIGTERM) and took < 1.0 + 10
     err = srv.stderr()
     assert "Traceback" not in err and "CancelledError" not in err, err
+
+
+# --- plugins watched: the hook budget, the process's memory ----------------------------------------
+
+
+def metric_samples(url: str, name: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", headers=OP, timeout=10).text
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin, hook", [("hang_plugins:HangsForAlpha", "on_arrival"),
+                                          ("hang_plugins:SpinsForAlpha", "check_request")])
+def test_a_plugin_that_hangs_for_one_tenant_is_stopped_at_the_hook_budget_and_fails_that_request_only(
+        tmp_path, plugin, hook):
+    """A plugin sleeping (or spinning) for an hour on alpha's requests: alpha's request fails with
+    an error naming the plugin, the hook and the budget, counted in /metrics; beta's concurrent
+    streams end whole with [DONE]; /health answers; the server's RSS is in /metrics."""
+    srv = Served(tmp_path, False, "--plugin", plugin, "--hook-budget", "0.5")
+    try:
+        streams = [Stream(srv.url, "beta", 300, f"beta's stream {i}") for i in range(3)]
+        for s in streams:
+            s.wait_started()
+        r = httpx.post(srv.url + "/v1/completions", headers=auth("alpha"), timeout=60,
+                       json={"prompt": "alpha's request", "max_tokens": 5})
+        assert r.status_code == 500, r.text
+        name = plugin.split(":")[1]
+        name = {"HangsForAlpha": "hangs_for_alpha", "SpinsForAlpha": "spins_for_alpha"}[name]
+        message = r.json()["error"]["message"]
+        assert f"plugin {name!r}, hook {hook!r}" in message and "over the hook budget of 0.5 s" in message
+        assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+        for s in streams:
+            lines = s.join()
+            assert s.status == 200 and lines[-1] == "[DONE]" and s.tokens() == 300, lines[-3:]
+        overruns = metric_samples(srv.url, "metroline_plugin_overruns_total")
+        assert [(x.labels, x.value) for x in overruns] == [({"plugin": name, "hook": hook}, 1.0)]
+        rss = metric_samples(srv.url, "process_resident_memory_bytes")
+        assert len(rss) == 1 and rss[0].value > 0
+        assert "over 0.5 s (hook_budget_s)" in srv.stderr()
+    finally:
+        srv.stop()

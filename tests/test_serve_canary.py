@@ -66,13 +66,15 @@ def test_the_canary_arm_gets_its_share_and_runs_its_own_engine(canary_front):
     states = {r["name"]: r["state"] for r in httpx.get(url + "/v1/replicas").json()["replicas"]}
     assert set(states) == {"online-0", "online-canary-0"}
     assert states["online-0"]["policy"] == states["online-canary-0"]["policy"] == "fcfs"
-    events = asyncio.run(_waves(url, 8, 8))
+    # 28 waves: the canary queues 4 requests a wave, so the run spans about 7 windows of 4 of its
+    # requests' lifetimes (fewer, and the comparison would give no verdict: too short)
+    events = asyncio.run(_waves(url, 28, 8))
     assert min(events) >= 8, sorted(events)  # every stream streamed (a slow reader may get tokens together)
-    assert routed(url) == {"online-0": 32.0, "online-canary-0": 32.0}  # 50%: exactly every other request
+    assert routed(url) == {"online-0": 112.0, "online-canary-0": 112.0}  # 50%: exactly every other request
     m = metrics(url)
     counts = {dict(labels)["arm"]: v for (name, labels), v in m.items()
               if name == "metroline_front_canary_ttft_seconds_count"}
-    assert counts == {"baseline": 32.0, "canary": 32.0}
+    assert counts == {"baseline": 112.0, "canary": 112.0}
 
 
 def test_a_planted_slower_canary_is_called_worse(canary_front, capsys):

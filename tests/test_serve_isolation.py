@@ -31,6 +31,7 @@ from metroline.executors.realtime import RealtimeExecutor  # noqa: E402
 from metroline.executors.simulated import SimulatedExecutor  # noqa: E402
 
 KEYS = {"A": "sk-tenant-a", "B": "sk-tenant-b"}
+OPERATOR = {"Authorization": "Bearer sk-operator"}
 POLICIES = ["fcfs", "static", "priority", "srpt", "weighted_fair", "token_rr"]
 
 
@@ -53,7 +54,8 @@ def server(policy: str = "fcfs", plugins=(), step_time: float = 0.002, **serve) 
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=step_time)))
     engine = make_engine(EngineConfig(policy=policy, max_num_seqs=16), executor, list(plugins))
     tenants = {name: {"api_keys": [key]} for name, key in KEYS.items()}
-    return ServerThread(engine, ServeConfig(tenants=tenants, **{"public_metrics": True, **serve}))
+    return ServerThread(engine, ServeConfig(tenants=tenants, **{"public_metrics": True,
+                                                              "operator_keys": ["sk-operator"], **serve}))
 
 
 class Stream:
@@ -95,7 +97,7 @@ def wait_idle(srv: ServerThread, timeout: float = 30.0) -> None:
     engine = srv.engine
     deadline = time.monotonic() + timeout
     while True:
-        state = httpx.get(srv.url + "/v1/replica/state", timeout=10).json()
+        state = httpx.get(srv.url + "/v1/replica/state", headers=OPERATOR, timeout=10).json()
         if state["in_flight"] == 0 and state["num_running"] == 0 and state["num_waiting"] == 0:
             break
         assert time.monotonic() < deadline, state
@@ -310,20 +312,74 @@ def test_a_client_that_hangs_up_on_the_front_has_its_non_streamed_request_cancel
     assert all(s["kv_used_blocks"] == 0 for s in states), states
 
 
-def test_a_quota_refusal_is_counted_under_its_tenant():
+def test_a_request_larger_than_the_burst_is_refused_as_too_large_and_quota_refusals_count_under_the_tenant():
     executor = RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.002)))
-    config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"token_rate": {"A": 1},
+    config = EngineConfig(plugins=["tenant_quota"], plugin_options={"tenant_quota": {"token_rate": {"A": 0.001},
                                                                                      "burst": 50}})
     tenants = {name: {"api_keys": [key]} for name, key in KEYS.items()}
     with ServerThread(make_engine(config, executor), ServeConfig(tenants=tenants, public_metrics=True)) as srv:
-        answers = [httpx.post(srv.url + "/v1/completions", headers=auth("A"), timeout=60,
-                              json={"prompt": "over the burst", "max_tokens": 100}) for _ in range(2)]
-        assert answers[0].status_code == 200  # a full bucket pays for one request over the burst
-        r = answers[1]  # and is then below zero: full again in 114 s at 1 token/s
+        def ask(**body):
+            return httpx.post(srv.url + "/v1/completions", headers=auth("A"), timeout=60,
+                              json={"prompt": "within", "ignore_eos": True, **body})
+
+        r = ask(max_tokens=100)  # 6 + 100 tokens: more than the bucket ever holds
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "request_too_large" and error["param"] == "max_tokens"
+        assert "asks for 106 tokens (prompt 6 + max_tokens 100 x n 1)" in error["message"]
+        assert "token-rate burst of 50 tokens" in error["message"]
+        r = ask(max_tokens=10, n=3)  # 6 + 30: within the burst
+        assert r.status_code == 200, r.text
+        r = ask(max_tokens=10, n=3)  # the bucket holds 14 (+ 0.001 a second)
         assert r.status_code == 429 and "over its token-rate quota" in r.json()["error"]["message"], r.text
         rejections = {dict(labels)["tenant"]: v for (name, labels), v in _metrics(srv.url).items()
                       if name == "metroline_rejections_total" and dict(labels)["reason"] == "quota"}
-        assert rejections == {"A": 1.0}
+        assert rejections == {"A": 2.0}
+
+
+@pytest.fixture(scope="module")
+def quota_front(tmp_path_factory):
+    """`serve --replicas 2` (round robin) with tenant A's token rate: 200 tokens of burst, refilled
+    at 0.001 a second (nothing refills within a test)."""
+    from test_serve_replicas import start_front
+
+    config = tmp_path_factory.mktemp("quota_front") / "serve.toml"
+    config.write_text('max_model_len = 4096\nplugins = ["tenant_quota"]\n'
+                      '[plugin_options.tenant_quota]\ntoken_rate = { A = 0.001 }\nburst = 200\n'
+                      '[serve]\noperator_keys = ["sk-operator"]\n' + "".join(
+                          f'[serve.tenants.{name}]\napi_keys = ["{key}"]\n' for name, key in KEYS.items()))
+    srv = start_front("--config", str(config), "--replicas", "2", "--cost-model", "steps", "--step-time", "0.002")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow
+def test_a_tenants_token_quota_holds_once_across_replicas_at_the_front(quota_front):
+    """One bucket for tenant A at the front, not one per replica: each request reserves 10 prompt
+    tokens + 150; what a request did not use (one that stops at its first token) comes back, from
+    the usage its replica reports (streamed: a comment the client never sees)."""
+    from metroline.core.serving.front import REPLICA_HEADER
+
+    url = quota_front.url + "/v1/completions"
+    body = {"prompt": "p" * 10, "max_tokens": 150}
+    with httpx.stream("POST", url, headers=auth("A"), timeout=60, json={**body, "stream": True, "stop": [" "]}) as r:
+        lines = [line for line in r.iter_lines() if line]
+        first = r.headers[REPLICA_HEADER]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]", lines
+    assert all(line.startswith("data: ") for line in lines), lines  # no usage comment reaches the client
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "stop": [" "]})  # 189 left: fits
+    assert r.status_code == 200 and r.headers[REPLICA_HEADER] != first, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "ignore_eos": True})  # 178 left: uses all
+    assert r.status_code == 200 and r.json()["usage"]["total_tokens"] == 160, r.text
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "ignore_eos": True})  # 18 left
+    assert r.status_code == 429 and "over its token-rate quota" in r.json()["error"]["message"], r.text
+    assert REPLICA_HEADER not in r.headers  # the front's refusal: no replica saw it
+    r = httpx.post(url, headers=auth("B"), timeout=60, json={**body, "ignore_eos": True})  # B has no rate
+    assert r.status_code == 200, r.text
+    r = httpx.post(url, headers=auth("A"), timeout=60, json={**body, "max_tokens": 500})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "request_too_large" and error["param"] == "max_tokens"
+    assert "more than tenant 'A''s token-rate burst of 200 tokens" in error["message"], error
 
 
 @pytest.mark.slow
@@ -335,3 +391,58 @@ def test_the_front_refuses_a_batch_larger_than_the_waiting_queue_itself(front):
     assert r.status_code == 413 and REPLICA_HEADER not in r.headers, r.text  # no replica saw it
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("batch_too_large", "prompt")
     assert "a batch of 1025 prompts" in r.json()["error"]["message"] and "max_waiting=1024" in r.json()["error"]["message"]
+
+
+def test_the_replica_state_is_an_operators_page_where_tenants_are_configured():
+    """`/v1/replica/state` (every tenant's load) answers 401 without a key and to a tenant's key,
+    200 to an operator's; the front reads it with a key of its own (its tests route through it)."""
+    with server() as srv:
+        url = srv.url + "/v1/replica/state"
+        assert httpx.get(url, timeout=10).status_code == 401
+        assert httpx.get(url, headers=auth("A"), timeout=10).status_code == 401
+        r = httpx.get(url, headers=OPERATOR, timeout=10)
+        assert r.status_code == 200 and r.json()["in_flight"] == 0
+
+
+# --- slow readers bounded by their socket's bytes ------------------------------------------------
+
+
+def test_a_client_that_reads_nothing_is_paused_by_its_sockets_bytes_and_cut_after_the_stall_timeout():
+    """A raw socket (a small receive buffer) asks for a stream of 6,000 tokens and reads nothing.
+    The token rule is out of reach (`buffer_tokens` 1,000,000), so only the bytes its socket holds
+    (over 64 KiB: the transport's buffer and the kernel's send queue) pause it; paused past
+    `stall_timeout` it is cancelled, its blocks freed, its connection reset, long before its
+    6,000 tokens."""
+    import socket
+
+    with server(buffer_tokens=1_000_000, buffer_bytes=64 * 1024, stall_timeout=1.0) as srv:
+        body = json.dumps({"prompt": "a reader that reads nothing", "max_tokens": 6000, "stream": True,
+                           "ignore_eos": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEYS['A']}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            sock.connect(("127.0.0.1", srv.port))
+            sock.sendall(head + body)
+            deadline = time.monotonic() + 60
+            while True:  # until the request has ended
+                m = _metrics(srv.url)
+                ended = {dict(labels)["reason"]: v for (name, labels), v in m.items()
+                         if name == "metroline_requests_finished_total"}
+                if ended:
+                    break
+                assert time.monotonic() < deadline, "the stream was never cut"
+                time.sleep(0.05)
+            assert ended == {"cancelled": 1.0}
+            served = sum(v for (name, _), v in m.items() if name == "metroline_tokens_served_total")
+            assert 0 < served < 6000
+            health = httpx.get(srv.url + "/health", timeout=10).json()
+            assert health["socket_pauses"] == 1 and health["paused"] == 0
+            wait_idle(srv)
+            sock.settimeout(30)
+            with pytest.raises(ConnectionResetError):  # reset: whatever it held is dropped
+                while sock.recv(1 << 16):
+                    pass
+        finally:
+            sock.close()

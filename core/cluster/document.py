@@ -117,7 +117,7 @@ def cluster_document(reps: list[Any], refused: MetricsCollector, workload: Workl
             split["pairing"] = "split"
             paired = None
             if twins and twins.get(pool):
-                paired = compare_arms(_samples(twins[pool], measure), samples[CANARY])
+                paired = compare_arms(_samples(twins[pool], measure), samples[CANARY], split=False)
                 paired["pairing"] = "twin"
             doc["canary"][pool] = {
                 "policy": {arm: next(r.plan.policy for r in reps if r.plan.pool == pool and r.plan.arm == arm)

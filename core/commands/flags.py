@@ -121,6 +121,8 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
                    help=f"cold start: reach max_num_seqs in flight over S seconds {default('ramp_s')}")
     p.add_argument("--buffer-tokens", type=int, metavar="N",
                    help=f"pause a stream whose reader is N tokens behind {default('buffer_tokens')}")
+    p.add_argument("--buffer-bytes", type=int, metavar="N",
+                   help=f"pause a stream whose socket holds N bytes its client has not taken {default('buffer_bytes')}")
     p.add_argument("--stall-timeout", type=float, metavar="S",
                    help=f"cancel a stream paused for S seconds {default('stall_timeout')}")
     p.add_argument("--default-max-tokens", type=int, metavar="N",
@@ -132,6 +134,9 @@ def serve_flags(p: argparse.ArgumentParser) -> None:
                    help="a prefix-cache salt per tenant (default: on with several tenants)")
     p.add_argument("--max-body-bytes", type=int, metavar="N",
                    help=f"refuse (413) a request body over N bytes before reading it {default('max_body_bytes')}")
+    p.add_argument("--hook-budget", dest="hook_budget_s", type=float, metavar="S",
+                   help=f"stop a plugin call running past S seconds inside the step, failing its request "
+                   f"(0: no budget) {default('hook_budget_s')}")
     p.add_argument("--public-metrics", action=argparse.BooleanOptionalAction, default=None,
                    help="with tenants, /metrics needs no operator key ([serve] operator_keys) (default: off)")
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 from typing import Any
 
 from .options import fit_config, make_executor, read_config_file, resolve_run
 
-SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens", "stall_timeout",
-              "default_max_tokens", "drain_s", "cache_salt", "max_body_bytes", "public_metrics")
+SERVE_KEYS = ("model", "host", "port", "max_waiting", "ramp_s", "buffer_tokens", "buffer_bytes", "stall_timeout",
+              "default_max_tokens", "drain_s", "cache_salt", "max_body_bytes", "public_metrics", "hook_budget_s")
 """The `ServeConfig` fields a flag of `serve` sets (over the config file's `[serve]` table)."""
 
 
@@ -48,11 +49,17 @@ class ReplicaSetup:
     """`serve_setup(args)` of one replica, with its engine's `changes` (its pool's and canary's
     config and policy stack) applied over the top-level config (picklable: replicas are spawned)."""
 
-    def __init__(self, changes: dict[str, Any]) -> None:
+    def __init__(self, changes: dict[str, Any], front_key: str | None = None) -> None:
         self.changes = changes
+        self.front_key = front_key
+        """An operator key of the replica's, which only the front knows: it reads the replica's
+        `/v1/replica/state` with it."""
 
     def __call__(self, args: argparse.Namespace) -> tuple[Any, Any, Any]:
         config, serve_config, executor = serve_setup(args)
+        if self.front_key is not None:
+            serve_config = serve_config.model_copy(
+                update={"operator_keys": [*serve_config.operator_keys, self.front_key]})
         if self.changes:
             config = config.model_validate({**config.model_dump(), **self.changes})
         return config, serve_config, executor
@@ -92,6 +99,7 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     from ..cluster.router import make_router
     from ..cluster.spec import ClusterSpec
     from ..serving.front import build_front
+    from ..serving.quota import quota_of_config
     from ..serving.replicas import start_local, stop_all
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas: expected at least 1, got {args.replicas}")
@@ -102,7 +110,8 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
     router = make_router(spec.router, spec.router_options)
     serve_config = serve_config_of(args, run, resolved.file)
     top = config.model_dump()
-    builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}) for p in plans]
+    front_key = secrets.token_urlsafe(32)  # the front's own operator key at its replicas (their state)
+    builds = [ReplicaSetup({k: v for k, v in p.config.model_dump().items() if v != top[k]}, front_key) for p in plans]
     specs = [(p.name, p.pool) for p in plans]
     if args.ray is not None:
         from ..serving.ray_replicas import start_ray
@@ -114,7 +123,8 @@ def front_setup(args: argparse.Namespace, start_timeout: float = 300.0) -> tuple
         tokenizer = front_tokenizer(run, serve_config.model)
         stop = lambda rs: stop_all(rs, timeout=serve_config.drain_s + 5)
         return build_front(replicas, router, serve_config, tokenizer, stop_replicas=stop,
-                           cluster=(spec, plans)), serve_config
+                           cluster=(spec, plans), replica_key=front_key, quota=quota_of_config(config),
+                           max_model_len=config.max_model_len), serve_config
     except BaseException:
         stop_all(replicas)
         raise

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import PluginError
 from . import answers, hookspecs
 from .deprecations import Owners
+from .hook_watch import HookWatch
 from .loader import HOOK_NAMES
 
 FIRST_ANSWER_HOOKS = (*hookspecs.DECISION_HOOKS, *hookspecs.EDGE_HOOKS)
@@ -23,14 +24,15 @@ of them raises or answers is that request's (`PluginError.request_id`)."""
 
 def attributed(
     fn: Any, plugin: str, hook: str, answerer: dict[str, str], observer_errors: list[PluginError],
-    answered: dict[str, Any] | None = None, argnames: tuple[str, ...] = (),
+    answered: dict[str, Any] | None = None, argnames: tuple[str, ...] = (), watch: HookWatch | None = None,
 ) -> Any:
     """`fn`, one plugin's implementation of `hook`, wrapped so that an exception it raises becomes
     a `PluginError` naming the plugin and the hook (kept in `observer_errors` for an observer hook,
     so the other observers still hear of the event), a firstresult hook's answer is recorded in
     `answerer` (and the answer itself in `answered`, when given) and checked (`answers.CHECKS`).
     For a hook of `PER_REQUEST_HOOKS` the error names the request too (`argnames`: `fn`'s
-    arguments, as pluggy passes them: by position on the relay's direct path, else by name)."""
+    arguments, as pluggy passes them: by position on the relay's direct path, else by name).
+    With a `watch` whose budget is set, the call is timed against it (`metroline.core.plugins.hook_watch`)."""
     check = answers.CHECKS.get(hook)
     decision = hook in FIRST_ANSWER_HOOKS
     answered = {} if answered is None else answered
@@ -48,7 +50,10 @@ def attributed(
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            result = fn(*args, **kwargs)
+            if watch is None or watch.budget_s is None:
+                result = fn(*args, **kwargs)
+            else:
+                result = watch.call(plugin, hook, fn, args, kwargs)
             if decision and result is not None:
                 answerer[hook] = plugin
                 if check is not None:

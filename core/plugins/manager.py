@@ -18,6 +18,7 @@ from ..errors import PluginError, PluginLoadError
 from . import deprecations, hookspecs
 from .deprecated_hooks import Pluggy
 from .hook_relay import HookRelay, attributed, attributed_wrapper
+from .hook_watch import HookWatch
 from .loader import (
     ENTRY_POINT_GROUP,
     HOOK_NAMES,
@@ -56,6 +57,9 @@ class PluginManager:
         self._answered: dict[str, Any] = {}  # the answers `_answerer` names, for wrappers to tell theirs apart
         self._observer_errors: list[PluginError] = []
         self._monitors = 0
+        self.watch = HookWatch()
+        """The per-hook time budget (`metroline.core.plugins.hook_watch`): off until a server sets
+        `watch.budget_s`."""
         self._register(DEFAULTS_NAME, DefaultPolicy(sampler_class))
         known = set()
         for spec in [config.policy, *config.plugins]:
@@ -109,7 +113,7 @@ class PluginManager:
                 else:
                     hook_impl.function = attributed(
                         hook_impl.function, name, impl.name, self._answerer, self._observer_errors, self._answered,
-                        tuple(hook_impl.argnames),
+                        tuple(hook_impl.argnames), self.watch,
                     )
 
     def monitor(self, before: Any, after: Any) -> Any:

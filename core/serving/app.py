@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ... import __version__
+from ..plugins.hook_watch import Watchdog
 from ..requests.request import Request
 from ..requests.sequence import FinishReason
 from ..step.async_engine import AsyncEngine, Rejected, RequestStream
@@ -30,6 +31,7 @@ from .metrics import ServerMetrics
 from .reading import Refused, off_loop, unauthorized
 from .sse import EventStream, final_texts, hold_for
 from .streams import StreamGroup
+from .quota import FRONT_HEADER, reserve_all, too_large
 from .tenants import ServeConfig, Tenants, quota_of
 from .tokens import tokenizer_for
 
@@ -60,6 +62,10 @@ class Server:
         self.on_stop: Any = None
         """Called with this server once it has drained, before the process exits (uvicorn then
         re-raises the signal that stopped it): `metroline serve` prints its summary there."""
+        watch = engine.plugins.watch
+        watch.budget_s = serve.hook_budget_s or None
+        watch.on_overrun = lambda plugin, hook, took: self.metrics.plugin_overruns.labels(plugin, hook).inc()
+        self.watchdog = Watchdog(watch)
         self.loop = AsyncEngine(
             engine, max_waiting=serve.max_waiting, ramp_s=serve.ramp_s, buffer_tokens=serve.buffer_tokens,
             stall_timeout=serve.stall_timeout, after_step=self._after_step, on_end=self._ended,
@@ -78,7 +84,8 @@ class Server:
         completion with several prompts, all submitted or none)."""
         tenant, body, requests = await self.intake.admit(http, chat)
         try:
-            self._reserve(tenant, requests)
+            if not self.from_front(http):  # else the front reserved for it (`quota.py`)
+                self._reserve(tenant, requests)
         except Refused as refused:
             refused.tenant = tenant  # counted as the tenant's (`metroline_rejections`)
             raise
@@ -98,23 +105,27 @@ class Server:
             raise refused from None
         return body, requests[0], streams[0] if group is None else StreamGroup(streams)
 
+    def from_front(self, http: HTTPRequest) -> bool:
+        """Whether the front sent this request (its key in `FRONT_HEADER`): the front then holds
+        the tenant's quota and reads the usage from the answer."""
+        key = http.headers.get(FRONT_HEADER)
+        return key is not None and key in self.serve.operator_keys
+
     def _reserve(self, tenant: str, requests: list[Request]) -> None:
         """Reserve each request's prompt and `max_tokens x n` from its tenant's token-rate quota,
-        all of them or none (429 with `Retry-After`)."""
+        all of them or none (429 with `Retry-After`); a request asking for more than the tenant's
+        burst is refused as too large (400, `quota.too_large`)."""
         quota = self.quota
         if quota is None:
             return
         now = self.engine.executor.now()
-        done: list[str] = []
-        for r in requests:
-            tokens = len(r.prompt_token_ids) + r.sampling.max_new_tokens * r.sampling.n
-            wait = quota.reserve(tenant, r.request_id, tokens, now)
-            if wait is not None:
-                for rid in done:
-                    self._settle(rid, 0)
-                raise Refused(429, f"tenant {tenant!r} is over its token-rate quota ({tokens} tokens asked: the "
-                              "prompt and max_tokens x n)", "rate_limit_error", reason="quota", retry_after=wait)
-            done.append(r.request_id)
+        first = requests[0]
+        asks = [(r.request_id, len(r.prompt_token_ids) + r.sampling.max_new_tokens * r.sampling.n) for r in requests]
+        refused = too_large(quota, tenant, sum(len(r.prompt_token_ids) for r in requests), sum(t for _, t in asks),
+                            first.sampling.max_new_tokens, first.sampling.n, len(requests), now)
+        if refused is not None:
+            raise refused
+        reserve_all(quota, tenant, asks, now)
 
     def _settle(self, request_id: str, used: int) -> None:
         if self.quota is not None:
@@ -146,7 +157,9 @@ class Server:
             if self.timings is not None:
                 marks = self.timings[request.request_id] = [started]
             return EventStream(stream, shapes, self.tokenizer, hold_for(body.stop), body.include_usage,  # type: ignore[return-value]
-                               self.loop.abort, marks, self.engine.executor.now, self._writer)
+                               self.loop.abort, marks, self.engine.executor.now, self._writer,
+                               usage_comment=self.from_front(http),
+                               socket=(self.serve.buffer_bytes, self.loop.hold, self.loop.release))
         try:
             await until_disconnect(http, stream.result())
         except ClientGone:  # nobody to answer: its requests are cancelled, their blocks freed
@@ -180,7 +193,11 @@ class Server:
     async def replica_state(self, http: HTTPRequest) -> Response:
         """`GET /v1/replica/state`: the engine's load, read-only, for a router in front of several
         servers (`front.py`): queue lengths, KV blocks (`kv_used_blocks`: held by live requests;
-        0 once idle, or blocks leaked), the block size and the policy."""
+        0 once idle, or blocks leaked), the block size and the policy. With tenants it is an
+        operator's page, as `/metrics` is (a tenant could read the others' load from it): the front
+        asks it with a key of its own, given to its replicas as an operator key."""
+        if not self.tenants.may_read(http.headers.get("authorization"), "operator"):
+            return unauthorized().response()
         s, pool = self.engine.scheduler, self.engine.pool
         return JSONResponse({
             "num_waiting": len(s.waiting) + len(s.swapped), "num_running": len(s.running),
@@ -197,6 +214,7 @@ class Server:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
         await self.loop.start()
+        self.watchdog.start()
         # everything alive now (modules, the engine, the app) lives as long as the server: out of
         # the collector's sight, so that a full collection walks only what requests made since
         # (one took ~50 ms with them, stalling every stream on the event loop)
@@ -205,6 +223,7 @@ class Server:
             yield
         finally:
             await self.drain()
+            self.watchdog.stop()
             gc.unfreeze()
             if self.on_stop is not None:
                 self.on_stop(self)

@@ -17,11 +17,19 @@ to cancel it.
 
 `AsyncEngine` owns the pause set (`pause`, `resume`); the hooks only read it, so a step running in
 a worker thread sees at worst a pause one step late.
+
+Two things pause a stream: its reader `buffer_tokens` behind in the server's own buffer, and its
+socket holding more than `buffer_bytes` that the client has not taken (the transport's buffer
+plus the kernel's send queue, `socket_backlog`; the bytes a client leaves unread in its own
+receive buffer are its memory, not the server's): the handler then stops writing and pauses the
+request at once (`AsyncEngine.hold`), and resumes it (`AsyncEngine.release`) once the socket holds
+half of that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..plugins.candidates import Candidates
@@ -88,3 +96,32 @@ class Backpressure:
         if paused is None or answer is None:
             return answer
         return Candidates.of(answer).filter(lambda s: s.request_id not in paused)
+
+
+TRANSPORT = "metroline.transport"
+"""The ASGI scope key under which the server's HTTP protocol (`header_limits.BoundedHttpTools`)
+hands a request's handler its connection's transport, to measure what its socket holds."""
+
+
+def socket_backlog(transport: Any) -> Callable[[], int] | None:
+    """A function giving the bytes written to `transport` that its client has not taken: the
+    transport's own buffer plus the kernel's send queue (`TIOCOUTQ`: not yet sent or not yet
+    acknowledged); None where they cannot be read (no socket, not Linux)."""
+    try:
+        import fcntl
+        import termios
+
+        fd = transport.get_extra_info("socket").fileno()
+        fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except (AttributeError, ImportError, OSError, ValueError):
+        return None
+    ioctl, outq, size = fcntl.ioctl, termios.TIOCOUTQ, transport.get_write_buffer_size
+
+    def held() -> int:
+        try:
+            queued = int.from_bytes(ioctl(fd, outq, b"\0\0\0\0"), sys.byteorder, signed=True)
+        except OSError:
+            queued = 0
+        return size() + queued
+
+    return held

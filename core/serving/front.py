@@ -19,6 +19,7 @@ left itself. The front owns the replicas: they are stopped when its lifespan end
 from __future__ import annotations
 
 import asyncio
+import json
 import contextlib
 import time
 import uuid
@@ -41,6 +42,7 @@ from .front_health import Health
 from .front_pages import FrontPages
 from .front_metrics import FrontMetrics
 from .front_proxy import TRANSPORT_ERRORS, Failed, Proxy, make_client
+from .quota import FRONT_HEADER, reserve_all, too_large, used_in
 from .reading import Refused, authorization, check_batch, off_loop, parse_body, read_body, unauthorized
 from .remote_view import RemoteView, SaltedPrompt
 from .tenants import ServeConfig, Tenants
@@ -55,6 +57,14 @@ ROUTE_CHARS = 65536
 """The characters of a text prompt the front tokenizes to route it (the replica tokenizes it all)."""
 
 
+def _used_of(content: bytes) -> int | None:
+    """The tokens a replica's answer (not streamed) says it used, or None."""
+    try:
+        return int(json.loads(content)["usage"]["total_tokens"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def error(status: int, message: str, type_: str = "server_error", param: str | None = None) -> JSONResponse:
     return JSONResponse(p.error_body(message, type_, param), status_code=status)
 
@@ -64,7 +74,8 @@ class Front:
 
     def __init__(self, replicas: list[Any], router: Router, serve: ServeConfig, tokenizer: Any,
                  poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
-                 canary: Callable[[Any], FrontCanary] | None = None) -> None:
+                 canary: Callable[[Any], FrontCanary] | None = None, replica_key: str | None = None,
+                 quota: Any = None, max_model_len: int | None = None) -> None:
         self.replicas = list(replicas)
         self.prefixes = PrefixDirectory(PREFIX_BLOCKS_PER_REPLICA * max(1, len(self.replicas)))
         """The blocks of the prompts routed to each replica (`prefix_aware`'s estimate), shared by the views."""
@@ -72,13 +83,17 @@ class Front:
                       for i, r in enumerate(self.replicas)]
         self.router = router
         self.serve = serve
+        self.quota = quota
+        """The tenants' token-rate quota, held here for all the replicas (`quota.py`), or None."""
+        self.max_model_len = max_model_len
+        self.replica_key = replica_key
         self.tenants = Tenants(serve)
         self.tokenizer = tokenizer
         self.created = int(time.time())
         self.metrics = FrontMetrics([(r.name, r.pool) for r in self.replicas])
         self.canary = canary(self.metrics.registry) if canary is not None else None
         self.health = Health(self.replicas, self.views, self.metrics, serve.health_timeout_s, serve.down_after_s,
-                             poll_s, self._down)
+                             poll_s, self._down, replica_key)
         self.proxy = Proxy(self.health, self.metrics, self.canary)
         self.pages = FrontPages(serve, self.tenants, self.replicas, self.views, self.health, self.metrics,
                                 self.canary, self.proxy, self.created)
@@ -166,27 +181,96 @@ class Front:
         request = await off_loop(self._route_request, body, chat, tenant, size=len(raw))
         tokens = (request.prompt_len + request.max_new_tokens) * max(1, body.n or 1)
         headers = {k: v for k, v in http.headers.items() if k in _FORWARDED}
+        reserved = 0
+        if self.quota is not None and self.replica_key is not None:  # the quota is the front's: the replica's is off
+            headers[FRONT_HEADER] = self.replica_key
+            try:
+                reserved = await off_loop(self._reserve, body, chat, tenant, request.request_id, size=len(raw))
+            except Refused as refused:
+                self.metrics.refused.labels("quota").inc()
+                return refused.response(http)
+        try:
+            return await self._answer(http, body, request, tokens, path, raw, headers, started, reserved)
+        except BaseException:
+            self._settle(request.request_id, reserved, reserved)
+            raise
+
+    def _reserve(self, body: Any, chat: bool, tenant: str, rid: str) -> int:
+        """Reserve the request's tokens in its tenant's bucket (every prompt whole, tokenized, plus
+        `max_tokens x n` each, as a replica counts them): the tokens reserved, or `Refused` (400 too
+        large for the burst, 429 over the rate)."""
+        tok = self.tokenizer
+        if chat:
+            lens = [len(tok.chat_prompt([(m.role, m.text()) for m in body.messages]))]
+        else:
+            lens = [len(tok.encode(x)) if isinstance(x, str) else len(x) for x in p.prompts_of(body.prompt)]
+        n = max(1, body.n or 1)
+        asked = body.max_completion_tokens or body.max_tokens
+        limit, default = self.max_model_len or 0, self.serve.default_max_tokens
+        outs = []
+        for length in lens:  # the replica's rule (`Intake.max_tokens`)
+            rest = max(1, limit - length)
+            outs.append(asked or (rest if default is None else max(1, min(default, rest))))
+        total = sum(lens) + n * sum(outs)
+        now = time.monotonic()
+        refused = too_large(self.quota, tenant, sum(lens), total, outs[0], n, len(lens), now)
+        if refused is not None:
+            raise refused
+        reserve_all(self.quota, tenant, [(rid, total)], now)
+        return total
+
+    def _settle(self, rid: str, reserved: int, used: int | None) -> None:
+        """The request ended having used `used` tokens (None: unknown, so all it reserved)."""
+        if self.quota is not None and reserved:
+            self.quota.settle(rid, reserved if used is None else used, time.monotonic())
+
+    async def _metered(self, chunks: Any, rid: str, reserved: int) -> Any:
+        """A relayed stream without the replica's usage comment, whose tokens settle the quota."""
+        used = None
+        try:
+            async for chunk in chunks:
+                chunk, found = used_in(chunk)
+                if found is not None:
+                    used = found
+                if chunk:
+                    yield chunk
+        finally:
+            await chunks.aclose()  # the relay's own ending (a hang-up closes the replica's connection)
+            self._settle(rid, reserved, used)
+
+    async def _answer(self, http: HTTPRequest, body: Any, request: RouteRequest, tokens: int, path: str,
+                      raw: bytes, headers: dict[str, str], started: float, reserved: int) -> Response:
+        """Dispatch the request to a replica and answer with what it answers (settling the quota
+        of what it did not use)."""
+        rid = request.request_id
         arms = self.canary.arms(request) if self.canary is not None else None
         try:
             got = await until_disconnect(http, self.proxy.dispatch(
                 self._chooser(request, arms), request, tokens, path, raw, headers))
         except ClientGone:
+            self._settle(rid, reserved, None)
             return Response(status_code=499)
         except Failed as exc:
+            self._settle(rid, reserved, 0)  # no replica took it
             answer = error(exc.status, str(exc))
             if exc.status == 503:
                 answer.headers["retry-after"] = "1"
             return answer
         if isinstance(got, Response):
+            self._settle(rid, reserved, 0)
             return got
         view, upstream = got
         out_headers = {k.lower(): v for k, v in upstream.headers.items() if k.lower() in _RETURNED}
         out_headers[REPLICA_HEADER] = view.name
         if body.stream and upstream.status == 200:
-            return StreamingResponse(self.proxy.relay(upstream, view, request.request_id, started),
-                                     status_code=200, headers=out_headers)
+            chunks = self.proxy.relay(upstream, view, request.request_id, started)
+            if reserved:
+                chunks = self._metered(chunks, rid, reserved)
+            return StreamingResponse(chunks, status_code=200, headers=out_headers)
+        used = None
         try:
             content = await until_disconnect(http, upstream.read())
+            used = _used_of(content) if upstream.status == 200 else 0
         except ClientGone:
             return Response(status_code=499)
         except TRANSPORT_ERRORS as exc:
@@ -195,6 +279,7 @@ class Front:
         finally:
             upstream.release()  # read whole, back to the pool; else closed (the replica sees it)
             self.proxy.ended(view, request.request_id, started)
+            self._settle(rid, reserved, used)
         return Response(content, status_code=upstream.status, headers=out_headers)
 
     # --- life cycle -------------------------------------------------------------------------------
@@ -237,18 +322,24 @@ class Front:
 
 def build_front(replicas: list[Any], router: Router, serve: ServeConfig | None = None, tokenizer: Any = None,
                 poll_s: float = 0.05, stop_replicas: Callable[[list[Any]], None] | None = None,
-                cluster: tuple[Any, list[Any]] | None = None) -> Starlette:
+                cluster: tuple[Any, list[Any]] | None = None, replica_key: str | None = None,
+                quota: Any = None, max_model_len: int | None = None) -> Starlette:
     """The front's ASGI app over started replicas (handles of `replicas.py` or `ray_replicas.py`);
     `stop_replicas(replicas)` runs when it shuts down. `cluster`: the `(ClusterSpec, plans)` the
     replicas were started from, in the same order (its canaries split the traffic and are
-    compared on `/v1/canary`). `app.state.front` is its `Front`."""
+    compared on `/v1/canary`). `replica_key`: an operator key of the replicas, which the health
+    checks send (`/v1/replica/state` is an operator's page where tenants are configured) and
+    each request, so that the replica leaves the tenants' token-rate `quota` (`tenant_quota`'s, or
+    None) to the front; `max_model_len`: the replicas', for the `max_tokens` of a request that
+    gives none.
+    `app.state.front` is its `Front`."""
     from .tokens import StandInTokenizer
 
     canary = None
     if cluster is not None and cluster[0].has_canary:
         canary = lambda registry: FrontCanary(cluster[0], cluster[1], registry)  # noqa: E731
     front = Front(replicas, router, serve or ServeConfig(), tokenizer or StandInTokenizer(), poll_s,
-                  stop_replicas, canary)
+                  stop_replicas, canary, replica_key, quota, max_model_len)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", front.chat, methods=["POST"]),

@@ -30,7 +30,8 @@ class Health:
     """The replicas' health as the front sees it: `live()` is what the router is shown."""
 
     def __init__(self, replicas: list[Any], views: list[RemoteView], metrics: FrontMetrics, timeout_s: float,
-                 down_after_s: float, poll_s: float, on_down: Callable[[RemoteView, str], None]) -> None:
+                 down_after_s: float, poll_s: float, on_down: Callable[[RemoteView, str], None],
+                 key: str | None = None) -> None:
         self.replicas = replicas
         self.views = views
         self.metrics = metrics
@@ -38,6 +39,8 @@ class Health:
         self.down_after_s = down_after_s
         self.poll_s = poll_s
         self.on_down = on_down
+        self.headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+        """Sent with each poll: the front's operator key at its replicas."""
         self.last_ok = [time.monotonic()] * len(views)
         self._live: tuple[RemoteView, ...] | None = None
 
@@ -95,7 +98,7 @@ class Health:
         now = time.monotonic()
         state = None
         try:
-            async with client.get(handle.url + "/v1/replica/state",
+            async with client.get(handle.url + "/v1/replica/state", headers=self.headers,
                                   timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
                 if r.status == 200:
                     state = await r.json()

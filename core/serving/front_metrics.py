@@ -4,7 +4,7 @@ reachable through the front at `/replicas/<name>/metrics`)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from .metrics import _LATENCY
 
@@ -30,6 +30,7 @@ class FrontMetrics:
                              "last byte", _LABELS, registry=r, buckets=_LATENCY)
         self.refused = Counter("metroline_front_requests_refused", "Requests no replica took (reason: router, "
                                "no_replica)", ["reason"], registry=r)
+        ProcessCollector(registry=r)  # the front's own process_resident_memory_bytes (each replica's: its /metrics)
         for name, pool in replicas:  # every series exists from the start, at 0
             for metric in (self.routed, self.in_flight, self.failed, self.ttft, self.e2e):
                 metric.labels(name, pool)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .backpressure import TRANSPORT
+
 MAX_HEAD_BYTES = 64 * 1024
 """The most bytes of a request's head (request line and headers) a server reads: four times
 Node's default (16 KiB), nginx's `large_client_header_buffers` (4 x 8 KiB) twice over."""
@@ -70,6 +72,7 @@ if HttpToolsProtocol is not None:
 
         def on_headers_complete(self) -> None:
             self._in_head = False
+            self.scope[TRANSPORT] = self.transport  # type: ignore[literal-required]  # a stream measures its socket
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from ..results.deadlines import figures_of_counts, met_deadline
 from ..results.metrics import DECODE_TOKENS, NUM_SEQS, PREEMPTIONS, PREFILL_TOKENS
@@ -64,6 +64,11 @@ class ServerMetrics:
             "metroline_plugin_errors", "Errors plugins raised or answered (each failed its request, or the step's)",
             ["plugin", "hook"], registry=r,
         )
+        self.plugin_overruns = Counter(
+            "metroline_plugin_overruns", "Plugin calls stopped or ended past the hook budget (hook_budget_s)",
+            ["plugin", "hook"], registry=r,
+        )
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, CPU seconds, open files (Linux)
         self.rejections = Counter(
             "metroline_rejections", "Requests refused before reaching the engine", ["tenant", "reason"], registry=r,
         )

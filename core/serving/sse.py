@@ -10,19 +10,29 @@ Disconnects: a task waits on the ASGI `receive` channel for `http.disconnect` an
 request at once (its blocks are freed at the engine's next step), whether the handler is waiting
 for tokens or blocked writing. A handler blocked writing (the client stopped reading and the
 socket buffers are full) stops taking tokens, so the engine loop pauses the request once
-`buffer_tokens` are unread (see `backpressure.py`).
+`buffer_tokens` are unread; and a handler whose client's socket holds more than `buffer_bytes`
+not taken pauses it at once, and cuts the stream (resets the connection) once the engine cancels
+it after `stall_timeout` (see `backpressure.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
+import sys
 from typing import Any
 
 from ..requests.sequence import FinishReason
 from . import protocol as p
+from .backpressure import TRANSPORT, socket_backlog
+from .quota import usage_comment
 from .streams import Choice, RequestStream, StreamGroup
 
 OPENAI_REASON = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+SOCKET_POLL_S = 0.02
+"""How often a paused stream looks whether its client took what its socket holds."""
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
@@ -90,7 +100,7 @@ class EventStream:
 
     def __init__(self, stream: RequestStream | StreamGroup, shapes: p.Shapes, tokenizer: Any, hold: int,
                  include_usage: bool, on_abort: Any, marks: list[float] | None = None, clock: Any = None,
-                 writing: Any = None) -> None:
+                 writing: Any = None, usage_comment: bool = False, socket: Any = None) -> None:
         self.stream = stream
         self.shapes = shapes
         self.texts = [ChoiceText(c, tokenizer, hold, i) for i, c in enumerate(stream.choices)]
@@ -102,6 +112,13 @@ class EventStream:
         self.writing = writing
         """When given: `writing(1)` as the response starts, `writing(-1)` once it has ended (a
         server's drain waits for its streams' last bytes)."""
+        self.socket = socket
+        """When given, `(buffer_bytes, hold, release)`: past `buffer_bytes` held in the client's
+        socket the handler stops writing and calls `hold(request_ids)` (the engine pauses them),
+        then `release(request_ids)` once the socket holds half of that (`backpressure.py`)."""
+        self.usage_comment = usage_comment
+        """End the stream with the tokens it used as an SSE comment, for the front's quota
+        (`metroline.core.serving.quota`)."""
         self.gone = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -109,6 +126,8 @@ class EventStream:
         if self.writing is not None:
             self.writing(1)
         watcher = asyncio.ensure_future(self._watch(receive))
+        transport = scope.get(TRANSPORT) if self.socket is not None else None
+        held = socket_backlog(transport) if transport is not None else None
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
             while not self.gone:
@@ -120,6 +139,10 @@ class EventStream:
                     await send({"type": "http.response.body", "body": frames, "more_body": True})
                 if stream.finished:
                     break
+                if held is not None and held() > self.socket[0] and not await self._drained(held):
+                    reset(transport)  # cut: its socket held too much for too long; its blocks are freed
+                    await asyncio.sleep(0)  # the protocol hears of it (the connection is lost)
+                    return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
@@ -128,6 +151,27 @@ class EventStream:
             if not stream.finished:
                 for rid in stream.request_ids:
                     self.on_abort(rid)
+
+    async def _drained(self, held: Any) -> bool:
+        """The client's socket holds more than `buffer_bytes`: pause the request until it holds
+        half of that (True), or until the engine cancels it for `stall_timeout` (False: the stream
+        is cut, with its reason on stderr) or the client goes."""
+        limit, hold, release = self.socket
+        stream, rids = self.stream, list(self.stream.request_ids)
+        hold(rids)
+        try:
+            while not self.gone and not stream.finished:
+                if held() <= limit // 2:
+                    return True
+                await asyncio.sleep(SOCKET_POLL_S)
+        finally:
+            if not stream.finished:
+                release(rids)
+        if stream.finished and not self.gone:
+            print(f"metroline: cut the stream of {rids[0]}{' and more' if len(rids) > 1 else ''} with "
+                  f"{held():,} bytes unread in its socket: {stream.error or 'cancelled'}", file=sys.stderr, flush=True)
+            return False
+        return not self.gone
 
     async def _watch(self, receive: Any) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -144,9 +188,10 @@ class EventStream:
         choices) and [DONE]."""
         stream, shapes = self.stream, self.shapes
         if stream.finish_reason in (FinishReason.FAILED, FinishReason.CANCELLED):
-            msg = ("cancelled" if stream.finish_reason is FinishReason.CANCELLED
+            msg = ((stream.error or "cancelled") if stream.finish_reason is FinishReason.CANCELLED
                    else f"the engine failed this request: {stream.error}")
-            return p.sse(p.error_body(msg, "server_error")) + p.DONE
+            used = self._used() if self.usage_comment else ""
+            return p.sse(p.error_body(msg, "server_error")) + used.encode() + p.DONE
         out: list[str] = []
         for t in self.texts:
             if t.done:
@@ -169,8 +214,22 @@ class EventStream:
             use = p.usage(stream.num_prompt_tokens, stream.num_output_tokens, stream.cached_tokens)
             out.append(p.sse_text(shapes.usage_chunk(use)))
         if stream.finished:
+            if self.usage_comment:
+                out.append(self._used())
             out.append(p.DONE_TEXT)
         return "".join(out).encode()
+
+    def _used(self) -> str:
+        return usage_comment(self.stream.num_prompt_tokens + self.stream.num_output_tokens)
+
+
+def reset(transport: Any) -> None:
+    """Close the connection at once, dropping what its socket holds (a reset, not a close that
+    waits to send it)."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def final_texts(stream: RequestStream | StreamGroup, tokenizer: Any, chat: bool) -> list[tuple[str, str, dict | None]]:

@@ -19,7 +19,7 @@ when it ends (`metroline.plugins_contrib.tenant_quota.TenantQuota.reserve`).
 
 `operator_keys` are the keys of whoever runs the server: with tenants configured, `/metrics` (its
 per-tenant series) needs one (`public_metrics = true` opens it to anyone), and the front's
-`/v1/replicas`, `/v1/canary` and `/replicas/NAME/metrics` too; `/v1/models` needs a tenant's or an
+`/v1/replicas`, `/v1/canary` and `/replicas/NAME/metrics` too, and a server's `/v1/replica/state`; `/v1/models` needs a tenant's or an
 operator's key. `/health` is open (load balancers ask it).
 """
 
@@ -77,7 +77,14 @@ class ServeConfig(BaseModel):
     `buffer_tokens`, `stall_timeout`: backpressure. A streamed request whose client has not taken
     its last `buffer_tokens` tokens (it stopped reading and the socket buffers are full) is paused:
     the engine stops serving it but keeps its blocks, and resumes it as soon as the client reads
-    again. Paused for `stall_timeout` seconds, it is cancelled and its blocks freed.
+    again. `buffer_bytes` (256 KiB): a stream whose socket holds more than that, written and not
+    taken by its client (the transport's buffer and the kernel's send queue), is paused at once,
+    and resumed when it holds half of that. Paused for `stall_timeout` seconds, it is cancelled and
+    its blocks freed (a stream cut for its socket has its connection reset).
+    `hook_budget_s`: the longest one plugin call may take inside the step (1 s; 0 turns it off):
+    a call past it is stopped and fails what its error fails (the one request it was called for,
+    for `check_request`, `on_arrival` and `estimate_output_tokens`), named in the log and counted
+    in `metroline_plugin_overruns_total` (`metroline.core.plugins.hook_watch`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -88,6 +95,7 @@ class ServeConfig(BaseModel):
     max_waiting: int = Field(default=DEFAULT_MAX_WAITING, ge=1)
     ramp_s: float = Field(default=0.0, ge=0.0)
     buffer_tokens: int = Field(default=1024, ge=1)
+    buffer_bytes: int = Field(default=256 * 1024, ge=4096)
     stall_timeout: float = Field(default=30.0, gt=0.0)
     default_max_tokens: int | None = Field(default=None, ge=1)
     drain_s: float = Field(default=10.0, ge=0.0)
@@ -98,6 +106,7 @@ class ServeConfig(BaseModel):
     public_metrics: bool = False
     health_timeout_s: float = Field(default=1.0, gt=0.0)
     down_after_s: float = Field(default=3.0, gt=0.0)
+    hook_budget_s: float = Field(default=1.0, ge=0.0)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

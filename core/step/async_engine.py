@@ -80,7 +80,7 @@ class AsyncEngine:
         self.on_plugin_error = on_plugin_error
         self.plugin_errors = 0
         self.streams: dict[str, RequestStream] = {}
-        self.steps = self.failed_steps = self.pauses = 0
+        self.steps = self.failed_steps = self.pauses = self.socket_pauses = 0
         self.backpressure = Backpressure()
         engine.plugins.add(Backpressure.name, self.backpressure)
         self._inline = hasattr(engine.executor, "deferred")
@@ -152,6 +152,22 @@ class AsyncEngine:
             self._aborts.append(request_id)
             self._poke()
 
+    def hold(self, request_ids: list[str]) -> None:
+        """Pause these requests now: their client's socket holds more than it may (`EventStream`,
+        `buffer_bytes`); cancelled after `stall_timeout` as any paused request."""
+        now = self.engine.executor.now()
+        for rid in request_ids:
+            if rid in self.streams and rid not in self.backpressure.paused:
+                self.backpressure.pause(rid, now, self.stall_timeout)
+                self.pauses += 1
+                self.socket_pauses += 1
+
+    def release(self, request_ids: list[str]) -> None:
+        """Resume requests `hold` paused: their client took what its socket held."""
+        for rid in request_ids:
+            if self.backpressure.resume(rid, self.stall_timeout):
+                self._poke()
+
     def is_paused(self, request_id: str) -> bool:
         return request_id in self.backpressure.paused
 
@@ -178,6 +194,10 @@ class AsyncEngine:
         if bp.deadline is not None:
             for rid in bp.overdue(engine.executor.now(), self.stall_timeout):
                 self._aborts.append(rid)  # paused too long: the client is gone in all but name
+                stream = self.streams.get(rid)
+                if stream is not None and stream.error is None:
+                    stream.error = (f"cancelled: the client took none of this stream's output for "
+                                    f"{self.stall_timeout:g} s (stall_timeout)")
         if self._aborts:
             aborts, self._aborts = self._aborts, []
             for rid in aborts:
@@ -325,4 +345,5 @@ class AsyncEngine:
     def describe(self) -> dict[str, Any]:
         return {"in_flight": len(self.streams), "steps": self.steps, "failed_steps": self.failed_steps,
                 "plugin_errors": self.plugin_errors,
-                "paused": len(self.backpressure.paused), "pauses": self.pauses}
+                "paused": len(self.backpressure.paused), "pauses": self.pauses,
+                "socket_pauses": self.socket_pauses}
