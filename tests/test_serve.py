@@ -538,12 +538,13 @@ def test_every_serve_flag_reaches_the_server_config_over_the_config_file(tmp_pat
     path.write_text('[serve]\nport = 9000\nbuffer_tokens = 64\ndrain_s = 1.0\n')
     flags = ["--host", "0.0.0.0", "--port", "8123", "--max-waiting", "7", "--ramp-s", "2.5", "--buffer-tokens",
              "32", "--stall-timeout", "4", "--default-max-tokens", "9", "--drain-s", "3", "--no-cache-salt",
-             "--model", "m", "--max-body-bytes", "65536", "--public-metrics"]
+             "--model", "m", "--max-body-bytes", "65536", "--public-metrics", "--buffer-bytes", "4096",
+             "--hook-budget", "0.25"]
     config, serve, executor = serve_setup(build_parser().parse_args(["serve", "--config", str(path), *flags]))
     assert {k: getattr(serve, k) for k in SERVE_KEYS} == {
         "model": "m", "host": "0.0.0.0", "port": 8123, "max_waiting": 7, "ramp_s": 2.5, "buffer_tokens": 32,
         "stall_timeout": 4.0, "default_max_tokens": 9, "drain_s": 3.0, "cache_salt": False,
-        "max_body_bytes": 65536, "public_metrics": True}
+        "max_body_bytes": 65536, "public_metrics": True, "buffer_bytes": 4096, "hook_budget_s": 0.25}
     _, serve, _ = serve_setup(build_parser().parse_args(["serve", "--config", str(path)]))
     assert (serve.port, serve.buffer_tokens, serve.drain_s, serve.cache_salt) == (9000, 64, 1.0, None)
     assert executor.name == "sim"
