@@ -64,11 +64,18 @@ def vllm_view(folder: str, into: Path) -> str:
     the `quantization_config` transformers leaves in a GGUF model's config (the weights saved are
     dequantized float32; vLLM would look for a GGUF file)."""
     into.mkdir(parents=True, exist_ok=True)
-    for f in Path(folder).iterdir():
-        if f.name != "config.json":
-            (into / f.name).symlink_to(f)
     config = json.loads((Path(folder) / "config.json").read_text())
     config.pop("quantization_config", None)
+    for f in Path(folder).iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            (into / f.name).symlink_to(f)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(Path(folder) / "model.safetensors"))
+    if config.get("tie_word_embeddings") and "model.embed_tokens.weight" not in tensors:
+        # the tied matrix was saved once, as lm_head.weight; vLLM reads it as the embedding only
+        tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")
+    save_file(tensors, str(into / "model.safetensors"), metadata={"format": "pt"})
     (into / "config.json").write_text(json.dumps(config, indent=1))
     return str(into)
 
