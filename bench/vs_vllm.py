@@ -62,7 +62,9 @@ def model_folder(spec: str) -> str:
 def vllm_view(folder: str, into: Path) -> str:
     """`folder` as vLLM reads it: the same weight and tokenizer files (linked), the config without
     the `quantization_config` transformers leaves in a GGUF model's config (the weights saved are
-    dequantized float32; vLLM would look for a GGUF file)."""
+    dequantized float32; vLLM would look for a GGUF file), and a tied embedding stored under its
+    embedding's name (saved once as `lm_head.weight`, which vLLM skips for a tied model, leaving the
+    embedding zero)."""
     into.mkdir(parents=True, exist_ok=True)
     config = json.loads((Path(folder) / "config.json").read_text())
     config.pop("quantization_config", None)
