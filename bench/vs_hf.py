@@ -9,6 +9,14 @@ Workloads (64 requests, greedy, EOS off, random prompts of `--prompt-len` tokens
   `stop`, with explicit `num_blocks` and `max_batch_tokens`). Static batches run to their longest
   request; only the requested tokens count.
 - `uniform`: 64 requests of 64 output tokens.
+- `single`: batch 1, the case a chat user meets: the copy-edit prompts of `bench/spec_decode.py`
+  (SmolLM2's chat template, EOS on, up to `--single-max-new` tokens), one request at a time, on
+  metroline plain (`metroline`) and with n-gram speculation (`metroline_ngram`: k = 4, lookup
+  1..2) against HF greedy `generate` (`hf_generate`) and HF prompt lookup decoding
+  (`hf_lookup`: `prompt_lookup_num_tokens=4`, its default n-gram sizes 2..1). metroline runs one
+  engine, each request submitted when the one before has finished. `--rounds` rounds, the engines'
+  order reversed every other round; printed per round and as medians of tokens per CPU second, and
+  whether all four produced the same token ids for every prompt (greedy: they must).
 
 Each engine first runs a short warm-up (not timed). Besides wall-clock seconds, the table gives
 the process's CPU seconds over the same interval (all threads): on a machine shared with other work
@@ -21,6 +29,7 @@ metroline's executor runs its float32 linear layers through oneDNN on prepacked 
 both HF engines the same linear layers, to separate what the kernels win from what the engine wins.
 
 Run:  python bench/vs_hf.py [--model smollm2] [--workloads mixed,uniform] [--threads N] [--hf-linear onednn]
+      python bench/vs_hf.py --workloads single [--rounds 3] [--single-max-new 64]
 """
 
 from __future__ import annotations
@@ -146,6 +155,93 @@ def run_hf_static(
     return (*clock.read(), tokens)
 
 
+SINGLE_ENGINES = ("metroline", "hf_generate", "metroline_ngram", "hf_lookup")
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+"""metroline's n-gram speculation in the `single` workload: HF prompt lookup's k and n-gram sizes."""
+
+
+def single_prompts(tokenizer: Any) -> list[list[int]]:
+    """The copy-edit prompts of `bench/spec_decode.py` in the model's chat template, as token ids."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from spec_decode import TEXTS, prompt
+
+    out = []
+    for text in TEXTS:
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": prompt(text)}], add_generation_prompt=True,
+                                             tokenize=False)
+        out.append(tokenizer.encode(chat, add_special_tokens=False))
+    return out
+
+
+def run_metroline_single(executor: Any, prompts: list[list[int]], max_new: int, spec: dict | None) -> list[list[int]]:
+    """metroline at batch 1: one engine, each prompt submitted when the one before finished."""
+    from metroline.core.config import EngineConfig
+    from metroline.core.step.engine import Engine
+
+    engine = Engine(EngineConfig(policy="fcfs", num_blocks=256, speculative_config=spec), executor)
+    outputs = []
+    for i, p in enumerate(prompts):
+        engine.add_request({"request_id": str(i), "prompt_token_ids": p,
+                            "sampling": {"max_new_tokens": max_new, "temperature": 0.0}})
+        engine.run()
+        outputs.append(list(engine.sequences(str(i))[0].output_token_ids))
+    return outputs
+
+
+def run_hf_single(model: Any, prompts: list[list[int]], max_new: int, lookup: int | None) -> list[list[int]]:
+    """HF `generate` at batch 1, greedy, with prompt lookup decoding of `lookup` tokens (None: off)."""
+    import torch
+
+    extra = {} if lookup is None else {"prompt_lookup_num_tokens": lookup}
+    outputs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 **extra)
+        outputs.append(out[0, len(p):].tolist())
+    return outputs
+
+
+def main_single(args: argparse.Namespace, executor: Any, hf: Any) -> int:
+    """The `single` workload (see the module docstring)."""
+    import statistics
+
+    prompts = single_prompts(executor.tokenizer)
+    runners = {
+        "metroline": lambda ps: run_metroline_single(executor, ps, args.single_max_new, None),
+        "metroline_ngram": lambda ps: run_metroline_single(executor, ps, args.single_max_new, NGRAM),
+        "hf_generate": lambda ps: run_hf_single(hf, ps, args.single_max_new, None),
+        "hf_lookup": lambda ps: run_hf_single(hf, ps, args.single_max_new, 4),
+    }
+    for e in SINGLE_ENGINES:  # warm-up, not timed
+        runners[e](prompts[:1])
+    print(f"single: {len(prompts)} copy-edit prompts ({min(map(len, prompts))}..{max(map(len, prompts))} tokens), "
+          f"batch 1, greedy, EOS on, <= {args.single_max_new} new tokens; {args.rounds} rounds")
+    rates: dict[str, list[float]] = {e: [] for e in SINGLE_ENGINES}
+    outputs: dict[str, list[list[int]]] = {}
+    for r in range(args.rounds):
+        order = SINGLE_ENGINES if r % 2 == 0 else SINGLE_ENGINES[::-1]
+        for e in order:
+            clock = Stopwatch()
+            out = runners[e](prompts)
+            dt, cpu = clock.read()
+            tokens = sum(map(len, out))
+            if e in outputs and outputs[e] != out:
+                raise RuntimeError(f"{e}: round {r + 1} gave other tokens than round 1")
+            outputs[e] = out
+            rates[e].append(tokens / cpu)
+            print(f"  round {r + 1} {e:<16} {tokens:>5} tokens  {dt:7.1f} s  {cpu:6.2f} cpu s  "
+                  f"{tokens / cpu:6.1f} tok/cpu s  (load average {os.getloadavg()[0]:.1f})", flush=True)
+    med = {e: statistics.median(v) for e, v in rates.items()}
+    print("medians, tok/cpu s: " + ", ".join(f"{e} {med[e]:.1f}" for e in SINGLE_ENGINES))
+    print(f"metroline / hf_generate = {med['metroline'] / med['hf_generate']:.2f}x; "
+          f"metroline_ngram / hf_lookup = {med['metroline_ngram'] / med['hf_lookup']:.2f}x")
+    same = all(outputs[e] == outputs["hf_generate"] for e in SINGLE_ENGINES)
+    print(f"token ids identical across the four engines on every prompt: {same}")
+    return 0 if same else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="a model folder, a .gguf or smollm2 (default)")
@@ -157,6 +253,8 @@ def main() -> int:
                         help="torch threads, every engine alike (default 1: on a shared machine more threads "
                         "spin against other processes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3, help="single: rounds of the four engines (default 3)")
+    parser.add_argument("--single-max-new", type=int, default=64, help="single: most new tokens (default 64)")
     parser.add_argument("--hf-linear", choices=("torch", "onednn"), default="torch",
                         help="HF's linear layers: torch's stock kernel (default) or metroline's oneDNN ones")
     args = parser.parse_args()
@@ -180,6 +278,11 @@ def main() -> int:
         if not linear.install(hf):
             raise SystemExit("--hf-linear onednn: oneDNN linear layers are not available here")
         hf_linear = linear.active
+    if args.workloads == "single":
+        print(f"model {args.model} (float32, cpu, {torch.get_num_threads()} torch threads); load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; metroline's linear layers: oneDNN from "
+              f"{linear.min_rows()} rows, torch's kernel below; HF {args.hf_linear}")
+        return main_single(args, executor, hf)
     vocab = executor.vocab_size
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     print(f"model {args.model} (float32, cpu, {torch.get_num_threads()} torch threads); load average "

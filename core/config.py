@@ -293,6 +293,7 @@ class RunOptions(BaseModel):
     dtype: str | None = None
     device: str | None = None
     kv_memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    threads: int | None = Field(default=None, ge=1, le=4096)  # None: fits the machine (executors/torch/threads.py)
 
     @field_validator("resample")
     @classmethod

@@ -11,7 +11,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     """Fit the calibrated cost model to the model of `args`; write it to `args.out`."""
     from ...executors.calibrate import calibrate
 
-    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb}
+    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb,
+               "threads": args.threads}
     executor = make_executor({"executor": "torch", **options})
     fields = {k: getattr(args, k) for k in ("num_blocks", "block_size") if getattr(args, k) is not None}
     from ..config import EngineConfig

@@ -20,6 +20,10 @@ COMPARE_REFUSED = {
 """The flags of `run` that `compare` refuses, with the message it gives (`cmd_compare`)."""
 
 
+THREADS_HELP = ("CPU threads the model computes with, 1 to 4096 (default: the cores this process may run on "
+                "(taskset, cpusets), fewer when the machine is busy, at most OMP_NUM_THREADS)")
+
+
 def _default(key: str) -> str:
     """`(default X)`, X the default of `EngineConfig` or `RunOptions` field `key`."""
     fields = {**RunOptions.model_fields, **EngineConfig.model_fields}
@@ -95,6 +99,8 @@ def torch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
                    help="torch executor: the KV budget that sizes the pool when --num-blocks is not given "
                    "(default 85%% of the free GPU memory; on CPU 1 GB, at most a quarter of the RAM)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch executor: " + THREADS_HELP)
 
 
 def serve_flags(p: argparse.ArgumentParser) -> None:
@@ -254,6 +260,7 @@ def model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:N (default cuda when available)")
     p.add_argument("--kv-memory", type=float, dest="kv_memory_gb", metavar="GB",
                    help="the KV budget that sizes the pool when --num-blocks is not given")
+    p.add_argument("--threads", type=int, metavar="N", help=THREADS_HELP[0].upper() + THREADS_HELP[1:])
     p.add_argument("--num-blocks", type=int)
     p.add_argument("--block-size", type=int)
 

@@ -89,7 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config = EngineConfig.model_validate(fields)
     except ValidationError as exc:
         raise ValueError(validation_message(exc, flag_name, EngineConfig)) from None
-    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb}
+    options = {"model": args.model, "dtype": args.dtype, "device": args.device, "kv_memory_gb": args.kv_memory_gb,
+               "threads": args.threads}
     executor = make_executor({"executor": "torch", **options})
     if executor.tokenizer is None:
         raise ValueError(f"--model {args.model}: has no tokenizer, cannot encode text prompts")

@@ -22,7 +22,7 @@ from ..speculative_config import speculative_json
 RUN_KEYS = (
     "workload", "executor", "cost_model", "step_time", "cost_params", "rate_scale", "length_scale",
     "max_requests", "groups", "oracle_lengths", "traces_dir", "window", "model", "dtype", "device",
-    "kv_memory_gb", "warmup", "horizon", "resample",
+    "kv_memory_gb", "threads", "warmup", "horizon", "resample",
 )
 """Keys of a `--config` file's `[run]` table (the rest of the file is `EngineConfig`)."""
 
@@ -218,11 +218,11 @@ def make_executor(run: dict[str, Any]) -> Any:
 
     name = run.get("executor") or "sim"
     if name == "sim":
-        for key in ("model", "dtype", "device", "kv_memory_gb"):
+        for key in ("model", "dtype", "device", "kv_memory_gb", "threads"):
             if run.get(key) is not None:
                 raise ValueError(f"--{key.replace('_gb', '').replace('_', '-')} applies to --executor torch, not sim")
         return build("sim", cost_model=run.get("cost_model", "roofline"), cost_params=run.get("cost_params"))
-    options = {k: run[k] for k in ("model", "dtype", "device", "kv_memory_gb") if run.get(k) is not None}
+    options = {k: run[k] for k in ("model", "dtype", "device", "kv_memory_gb", "threads") if run.get(k) is not None}
     return build(name, **options)
 
 

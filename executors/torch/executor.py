@@ -3,7 +3,8 @@
 A step's block ops (copy-on-write copies, swaps) run first, in plan order; then its prefill chunks
 and decodes run as one packed forward (batch 1, explicit positions, no padding), and the LM head
 runs only on the last token of each sequence in `plan.sample_seqs`. On CPU in float32 the model's
-linear layers run through oneDNN on prepacked weights during a step (`linear.py`; the model object
+linear layers run through oneDNN on prepacked weights during a step for calls of enough rows (the
+crossover with torch's own kernel measured once per machine and cached: `linear.py`; the model object
 is otherwise unchanged and keeps serving `generate` with torch's own kernels). Under
 `EngineConfig.deterministic` the forward runs in fixed tiles with batch-invariant attention and
 sampling (`invariant_step`), so a request's tokens and logprobs do not depend on its companions.
@@ -74,6 +75,8 @@ class TorchExecutor:
         self.ops = attention.attention_ops(self.device)
         support.probe(model, self.num_layers, self.num_kv_heads, self.head_dim, self.ops)
         self.onednn_linears = linear.install(model) if linear.available(self.device, self.dtype) else 0
+        if self.onednn_linears:
+            linear.calibrate(model)
         self.kv: PagedKVCache | None = None
         self.deterministic = False
         self._invariance_checked = False  # `invariant_step.check_invariance` passed (run once, at the first bind)
@@ -92,12 +95,15 @@ class TorchExecutor:
     @classmethod
     def from_options(
         cls, model: str = "smollm2", dtype: str | None = None, device: str | None = None,
-        kv_memory_gb: float | None = None, **unknown: Any,
+        kv_memory_gb: float | None = None, threads: int | None = None, **unknown: Any,
     ) -> TorchExecutor:
-        """Load `model` (a folder, a .gguf or a known name) with `dtype` on `device`."""
+        """Load `model` (a folder, a .gguf or a known name) with `dtype` on `device`, computing
+        with `threads` CPU threads (None: `threads.default_threads()`, set before the model loads)."""
         if unknown:
             raise ValueError(f"torch executor: unknown option(s) {', '.join(sorted(unknown))}")
-        from . import loader
+        from . import loader, threads as cpu_threads
+
+        cpu_threads.apply(threads)
 
         dev = loader.resolve_device(device)
         dt = loader.resolve_dtype(dtype, dev)
@@ -256,6 +262,8 @@ class TorchExecutor:
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "attention": self.ops.__name__.rsplit(".", 1)[-1],
             "linear": "onednn" if self.onednn_linears else "torch",
+            "linear_onednn_min_rows": linear.min_rows() if self.onednn_linears else None,
+            "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "deterministic": self.deterministic,
             **self.stats.as_dict(),
         }
