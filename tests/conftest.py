@@ -31,6 +31,12 @@ def torch_threads() -> int:
         raise pytest.UsageError(f"OMP_NUM_THREADS={value!r}: expected a number of threads") from None
 
 
+# The torch executor picks its linear kernel by row count from a crossover it times on the machine
+# (`executors/torch/linear.py`): in the tests the kernels must not depend on the host or its load,
+# so every call takes oneDNN's packed kernel, as before the row-count choice (tests/test_torch_linear.py
+# covers both sides of a crossover and its measurement, with this unset there).
+os.environ.setdefault("METROLINE_LINEAR_MIN_ROWS", "1")
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: N processes share the cores, one torch thread each
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
