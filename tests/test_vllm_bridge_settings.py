@@ -25,9 +25,10 @@ class Greedy:
 
 
 def vllm_config(policy="fcfs", threshold=0, prefix=True):
-    sched = types.SimpleNamespace(policy=policy, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=4096,
+    sched = types.SimpleNamespace(policy=policy, max_num_seqs=16, max_num_batched_tokens=512,
                                   long_prefill_token_threshold=threshold, long_prefill_token_threshold_adaptive=False)
-    return types.SimpleNamespace(scheduler_config=sched, cache_config=types.SimpleNamespace(enable_prefix_caching=prefix))
+    return types.SimpleNamespace(scheduler_config=sched, model_config=types.SimpleNamespace(max_model_len=4096),
+                                 cache_config=types.SimpleNamespace(enable_prefix_caching=prefix))
 
 
 def test_no_section_is_vllms_own_policy_under_the_vllm_preset():

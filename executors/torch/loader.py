@@ -134,17 +134,24 @@ def check_architecture(folder: Path) -> str:
     return support.model_type(config)
 
 
-def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> tuple[Any, Any, str]:
-    """Load `(model, tokenizer, folder)`; a GGUF goes through the cache first."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def model_folder(spec: str) -> Path:
+    """The Hugging Face folder (config, safetensors weights, tokenizer) of `spec`: a GGUF file (or
+    a known name such as `smollm2`) is dequantized into the cache once. Other engines load it too
+    (vLLM: `metroline.integrations.vllm`'s tests and docs)."""
     path = locate(spec)
     if path.is_file():
         folder = _gguf_cache_dir(path)
         if not folder.is_dir():
             _dequantize_to_cache(path, folder)
-    else:
-        folder = path
+        return folder
+    return path
+
+
+def load(spec: str, dtype: torch.dtype, device: torch.device, attn_implementation: str) -> tuple[Any, Any, str]:
+    """Load `(model, tokenizer, folder)`; a GGUF goes through the cache first."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = model_folder(spec)
     model_type = check_architecture(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)

@@ -26,7 +26,8 @@ from . import mirror
 from .kv_view import VllmKVView
 from .support import refuse_unsupported
 
-log = logging.getLogger("metroline.integrations.vllm")
+log = logging.getLogger("vllm.metroline")
+"""A child of vLLM's logger, so that vLLM's logging configuration shows it."""
 
 
 class Bridge:
@@ -39,6 +40,8 @@ class Bridge:
         self.config = config
         self.plugins = PluginManager(config)
         refuse_unsupported(self.plugins)
+        log.info("metroline: policy %r, plugins %s (vLLM's scheduler runs metroline's hooks: %s)", config.policy,
+                 config.plugins, ", ".join(self.plugins.names()))
         self.running: dict[Sequence, None] = {}
         self.waiting: dict[Sequence, None] = {}
         self.swapped: dict[Sequence, None] = {}  # always empty: vLLM does not swap
@@ -196,6 +199,9 @@ class Bridge:
                 continue
             self.waiting.pop(seq, None)
             seq.state = RUNNING
+            seq.num_computed_tokens = request.num_computed_tokens  # its prefix cache hit (or KV loaded)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = min(request.num_computed_tokens, seq.num_prompt_tokens)
             self.running[seq] = None
             self.admissions += 1
             seq.admitted_seq_no = self.admissions
@@ -211,6 +217,10 @@ class Bridge:
         scheduled = plan.scheduled
         for rid, n in num_scheduled_tokens.items():
             scheduled[seqs[rid]] = n
+        for seq in plan.admitted:  # vLLM advanced them past the step's tokens already: their hit, as before
+            seq.num_computed_tokens = self.request_of[seq].num_computed_tokens - scheduled.get(seq, 0)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         hook = self.plugins.hook
         if plan.admitted:
             hook.on_admitted(ctx=self.ctx, seqs=list(plan.admitted))

@@ -120,10 +120,12 @@ class _MetrolineSchedulerMixin:
         sched_config = self.scheduler_config
         threshold = sched_config.long_prefill_token_threshold
         split = bridge.split(budget)
-        chunk = split.max_chunk
+        chunk, step_budget = split.max_chunk, split.decode + split.prefill
         if chunk != bridge.default_chunk():
             sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
-        self.max_num_scheduled_tokens = split.decode + split.prefill
+            if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
+                step_budget = min(step_budget, chunk)
+        self.max_num_scheduled_tokens = step_budget
         left_out: list[Any] = []
         if self.running:
             seqs = bridge.seqs

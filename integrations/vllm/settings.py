@@ -50,7 +50,7 @@ class BridgeSettings:
         fields: dict[str, Any] = dict(
             preset="vllm", policy=policy, plugins=list(self.plugins), plugin_options=dict(self.plugin_options),
             num_blocks=max(1, num_blocks), block_size=block_size, max_num_seqs=sched.max_num_seqs,
-            max_num_batched_tokens=sched.max_num_batched_tokens, max_model_len=sched.max_model_len,
+            max_num_batched_tokens=sched.max_num_batched_tokens, max_model_len=vllm_config.model_config.max_model_len,
             max_prefill_chunk=sched.long_prefill_token_threshold or None,
             enable_prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
         )
