@@ -16,9 +16,10 @@ SUPPORT: dict[str, tuple[str, str]] = {
     "admission": ("exact", "orders vLLM's waiting queue, pulled lazily; a head_of_line=False answer is served "
                   "head-of-line (vLLM stops admitting at the first candidate whose blocks do not fit), logged once"),
     "order_running": ("exact", "the order of vLLM's running list for the step; requests left out get no tokens"),
-    "select_victim": ("approximate", "exact for a running request that lacks blocks (recompute); a swap answer "
-                      "is served as recompute (vLLM has no swap space); never asked for a waiting candidate "
-                      "(vLLM's waiting requests never preempt)"),
+    "select_victim": ("approximate", "exact for a running request that lacks blocks (recompute), but a "
+                      "requester named as its own victim ends vLLM's step there (no running request after it is "
+                      "served); a swap answer is served as recompute (vLLM has no swap space); never asked for a "
+                      "waiting candidate (vLLM's waiting requests never preempt)"),
     "split_budget": ("approximate", "decode + prefill becomes the step's token budget and max_chunk vLLM's "
                      "long-prefill threshold (which vLLM applies only when more than one request is eligible); "
                      "the decode/prefill partition is one budget in vLLM; max_prefills and shares are refused"),
