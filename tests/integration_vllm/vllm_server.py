@@ -50,14 +50,15 @@ def metroline_pythonpath() -> str:
 
 
 @contextmanager
-def vllm_server(model: str, stack: dict | None, log: Path, *, max_num_seqs: int = 8, timeout_s: float = 600.0,
+def vllm_server(model: str, stack: dict | None, log: Path, *, max_num_seqs: int = 8, timeout_s: float = 900.0,
                 scheduler: str | None = SCHEDULER, extra: tuple[str, ...] = ()):
     """A running server; yields its base URL (`http://127.0.0.1:PORT/v1`). `stack`: the
     `metroline` section of `--additional-config`; `scheduler` None: vLLM's own scheduler."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0", *extra]
+           "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs), "--seed", "0", "--enforce-eager",
+           *extra]
     if scheduler:
         cmd += ["--scheduler-cls", scheduler]
     if stack is not None:
