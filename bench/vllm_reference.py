@@ -73,7 +73,9 @@ def import_metroline() -> None:
     spec.loader.exec_module(module)
 
 
-def build_scheduler(args: argparse.Namespace, model_dir: Path):
+def build_scheduler(args: argparse.Namespace, model_dir: Path, scheduler_cls=None, additional_config=None):
+    """vLLM's scheduler for the engine of `args` (`scheduler_cls`: another class with the same
+    constructor, such as metroline's bridge, given `additional_config` as `--additional-config`)."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -91,11 +93,13 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path):
     cache.num_gpu_blocks = args.num_blocks + 1  # + vLLM's null block
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"),
-                        speculative_config=vllm_speculative_config(getattr(args, "speculative_config", None), model))
+                        speculative_config=vllm_speculative_config(getattr(args, "speculative_config", None), model),
+                        **({"additional_config": additional_config} if additional_config else {}))
     spec = FullAttentionSpec(block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=args.num_blocks + 1, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(config, kv, StructuredOutputManager(config), block_size=args.block_size, log_stats=False)
+    cls = scheduler_cls or Scheduler
+    return cls(config, kv, StructuredOutputManager(config), block_size=args.block_size, log_stats=False)
 
 
 def vllm_speculative_config(spec: dict | None, model):
@@ -115,18 +119,25 @@ def make_request(item, rid: str, block_hasher):
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
-    params = SamplingParams(max_tokens=item.output_len, ignore_eos=True, temperature=0.0)
+    extra = {"tenant": item.tenant} if item.tenant != "default" else None  # read by metroline's bridge only
+    params = SamplingParams(max_tokens=item.output_len, ignore_eos=True, temperature=0.0, extra_args=extra)
     return Request(rid, item.prompt_token_ids(), params, None, arrival_time=item.arrival_s, block_hasher=block_hasher,
                    priority=item.priority)
 
 
-def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
-    """Replay the workload on vLLM's scheduler with the fake model runner and the step clock."""
+def replay(args: argparse.Namespace, workload, model_dir: Path, scheduler_cls=None, additional_config=None,
+           trace: list | None = None) -> dict:
+    """Replay the workload on vLLM's scheduler with the fake model runner and the step clock
+    (`scheduler_cls`, `additional_config`: see `build_scheduler`; metroline's bridge reads the
+    step clock). `trace`, when given, gets each step's schedule: the scheduled (request id,
+    tokens) pairs in vLLM's order and the preempted ids."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-    scheduler = build_scheduler(args, model_dir)
+    scheduler = build_scheduler(args, model_dir, scheduler_cls, additional_config)
+    if hasattr(scheduler, "metroline"):
+        scheduler.metroline.clock = lambda: now  # the step clock below (read when a step starts)
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(args.block_size, hash_fn)
@@ -155,7 +166,13 @@ def replay(args: argparse.Namespace, workload, model_dir: Path) -> dict:
         out = scheduler.schedule()
         preemptions += len(out.preempted_req_ids or ())
         scheduled = out.num_scheduled_tokens
+        if trace is not None:
+            trace.append((list(scheduled.items()), sorted(out.preempted_req_ids or ())))
         if not scheduled:
+            if out.preempted_req_ids:  # a requester a plugin named as its own victim: vLLM's step stops there
+                empty = ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+                scheduler.update_from_output(out, empty)
+                continue
             if i < len(items) and items[i].arrival_s > now:
                 anchor, ticks, now = items[i].arrival_s, 0, items[i].arrival_s
                 continue

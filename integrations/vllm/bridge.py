@@ -1,0 +1,294 @@
+"""`Bridge`: metroline's plugin stack beside one vLLM scheduler.
+
+It keeps what the plugins see (a `StepContext` over mirrored sequences in metroline's three
+queues) in step with vLLM's requests, and asks the hooks at the points of vLLM's step where their
+decisions are taken (`metroline.integrations.vllm.scheduler` calls it). It owns no KV block and
+no request: vLLM does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from metroline.core.config import EngineConfig
+from metroline.core.errors import PluginError
+from metroline.core.plugins.budget import Split
+from metroline.core.plugins.manager import PluginManager
+from metroline.core.plugins.preemption import Preempt
+from metroline.core.requests.sequence import FINISHED, RUNNING, FinishReason, Sequence
+from metroline.core.step.context import StepContext
+from metroline.core.step.plan import StepPlan
+
+from . import mirror
+from .kv_view import VllmKVView
+from .support import refuse_unsupported
+
+log = logging.getLogger("vllm.metroline")
+"""A child of vLLM's logger, so that vLLM's logging configuration shows it."""
+
+
+class Bridge:
+    """The plugins and their view of one vLLM scheduler's requests.
+
+    `clock` gives `ctx.now` (default `time.time`, the clock of vLLM's `Request.arrival_time`; a
+    replay on a simulated clock sets its own)."""
+
+    def __init__(self, config: EngineConfig, kv: VllmKVView, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.plugins = PluginManager(config)
+        refuse_unsupported(self.plugins)
+        log.info("metroline: policy %r, plugins %s (vLLM's scheduler runs metroline's hooks: %s)", config.policy,
+                 config.plugins, ", ".join(self.plugins.names()))
+        self.running: dict[Sequence, None] = {}
+        self.waiting: dict[Sequence, None] = {}
+        self.swapped: dict[Sequence, None] = {}  # always empty: vLLM does not swap
+        self.ctx = ctx = StepContext(config, kv, self.running, self.waiting, self.swapped)
+        ctx.hook = self.plugins.hook
+        self.clock = clock
+        self.seqs: dict[str, Sequence] = {}
+        self.request_of: dict[Sequence, Any] = {}
+        self.arrived: list[Sequence] = []
+        self.refused: dict[str, str] = {}
+        """Request id -> why: requests refused (`check_request`) or failed by a plugin of theirs
+        alone (`on_arrival`), to be ended as errors by the scheduler's next output."""
+        self.plan: StepPlan | None = None
+        self.admissions = 0
+        self.arrivals = 0
+        self._noted: set[str] = set()
+
+    def note_approximation(self, hook: str, what: str) -> None:
+        """Log, once per hook, an answer the bridge serves approximately."""
+        if hook not in self._noted:
+            self._noted.add(hook)
+            log.warning("metroline %s: %s", hook, what)
+
+    # --- requests in ---------------------------------------------------------------------------
+
+    def new_request(self, request: Any) -> str | None:
+        """Mirror a new vLLM request; the reason the plugins refuse it (`check_request`), or None
+        when it waits. A refused one is recorded in `refused`."""
+        self.arrivals += 1
+        try:
+            seq = mirror.sequence_of(request, self.arrivals)
+        except mirror.BadRequestField as exc:
+            reason = str(exc)
+            seq = None
+        else:
+            self.seqs[seq.request_id] = seq
+            self.request_of[seq] = request
+            self.ctx.now = self.clock()
+            reason = self.plugins.refusal(self.ctx, seq)
+        if reason is not None:
+            log.error("metroline refused request %s: %s", request.request_id, reason)
+            self.refused[request.request_id] = reason
+            if seq is not None:
+                seq.state = FINISHED
+                seq.finish_reason = FinishReason.REJECTED
+            return reason
+        self.waiting[seq] = None
+        self.arrived.append(seq)
+        return None
+
+    # --- the step ------------------------------------------------------------------------------
+
+    def begin_step(self, running_requests: list[Any]) -> None:
+        """A step starts: the clock, the last step's end if vLLM gave no output for it, the
+        running sequences' computed tokens, then `on_arrival` for each new request."""
+        if self.plan is not None:
+            self.end_step([])
+        ctx = self.ctx
+        ctx.now = self.clock()
+        ctx.wakeup = None
+        ctx.step += 1
+        seqs = self.seqs
+        for request in running_requests:
+            seqs[request.request_id].num_computed_tokens = request.num_computed_tokens
+        self.plan = StepPlan(ctx.step, ctx.block_size)
+        if self.arrived:
+            arrived, self.arrived = self.arrived, []
+            on_arrival = self.plugins.hook.on_arrival
+            if on_arrival.get_hookimpls():
+                for seq in arrived:  # one request at a time: an error is that request's alone
+                    try:
+                        on_arrival(ctx=ctx, seqs=[seq])
+                    except PluginError as exc:
+                        err = exc.for_request(seq.request_id)
+                        log.error("metroline: %s", err)
+                        self.refused[seq.request_id] = f"PluginError: {err}"
+                        self.waiting.pop(seq, None)
+                        seq.state = FINISHED
+                        seq.finish_reason = FinishReason.FAILED
+
+    def split(self, budget: int) -> Split:
+        """The plugins' split of the step's `budget` (`split_budget`), checked as metroline checks
+        it; a part vLLM cannot honour (`max_prefills`, `shares`) is a `PluginError`."""
+        running = self.running
+        num_decoding = sum(1 for s in running if s.is_decoding)
+        answer = self.plugins.hook.split_budget(
+            ctx=self.ctx, budget=budget, num_decoding=num_decoding, num_prefilling=len(running) - num_decoding,
+            num_waiting=len(self.waiting))
+        if not isinstance(answer, tuple) or not 3 <= len(answer) <= 5:
+            raise self.plugins.invalid("split_budget", f"expected Split(decode, prefill, max_chunk), got {answer!r}")
+        split = Split(*answer)
+        if split.decode < 0 or split.prefill < 0 or split.decode + split.prefill > budget or split.max_chunk < 1:
+            raise self.plugins.invalid("split_budget", f"{split} is outside the budget of {budget} tokens")
+        if split.max_prefills is not None or split.shares:
+            raise self.plugins.invalid(
+                "split_budget", f"{split}: max_prefills and shares cannot be honoured inside vLLM (one token budget)")
+        return split
+
+    def default_chunk(self) -> int:
+        """The chunk cap metroline's defaults would give this step (the config's rule)."""
+        return self.config.chunk_cap(len(self.running) + len(self.waiting))
+
+    def order_running(self, running: list[Sequence]) -> list[Sequence] | None:
+        """The plugins' order of the running (`order_running`); None when it is admission order."""
+        answer = self.plugins.hook.order_running(ctx=self.ctx, running=running)
+        if answer is running:
+            return None
+        order = list(answer)
+        seen: set[Sequence] = set()
+        for s in order:
+            if s not in self.running or s in seen:
+                raise self.plugins.invalid(
+                    "order_running", f"{s!r} is {'listed twice' if s in seen else 'not running'}")
+            seen.add(s)
+        if len(order) == len(running) and all(a is b for a, b in zip(order, running)):
+            return None
+        return order
+
+    def victim(self, request: Any) -> Any:
+        """The vLLM request to preempt so that the running `request` gets its blocks
+        (`select_victim`, reason "blocks"): the requester itself when the plugins name none."""
+        requester = self.seqs[request.request_id]
+        answer = self.plugins.hook.select_victim(ctx=self.ctx, requester=requester, reason="blocks")
+        if answer is None:
+            return request
+        if isinstance(answer, Preempt):
+            if answer.mode != "recompute":
+                self.note_approximation("select_victim", f"a {answer.mode!r} preemption is served as recompute "
+                                        "(vLLM has no swap space)")
+            answer = answer.seq
+        if answer not in self.running:
+            raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not running")
+        return self.request_of[answer]
+
+    def preempted(self, request: Any) -> None:
+        """vLLM preempted `request` (recompute): its sequence goes back to waiting."""
+        seq = self.seqs[request.request_id]
+        self.running.pop(seq, None)
+        mirror.preempted(seq)
+        self.waiting[seq] = None
+        if self.plan is not None:
+            self.plan.preempted.append(seq)
+            self.plan.scheduled.pop(seq, None)
+
+    def settle_popped(self, popped: list[Any]) -> None:
+        """The requests vLLM popped from the waiting queue that it admitted (status RUNNING) now
+        run, in the order admitted (skipped ones wait on); `popped` is emptied."""
+        if not popped:
+            return
+        for request in popped:
+            if request.status.name != "RUNNING":
+                continue
+            seq = self.seqs[request.request_id]
+            if seq.state is RUNNING:
+                continue
+            self.waiting.pop(seq, None)
+            seq.state = RUNNING
+            seq.num_computed_tokens = request.num_computed_tokens  # its prefix cache hit (or KV loaded)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = min(request.num_computed_tokens, seq.num_prompt_tokens)
+            self.running[seq] = None
+            self.admissions += 1
+            seq.admitted_seq_no = self.admissions
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = self.ctx.now
+            if self.plan is not None:
+                self.plan.admitted.append(seq)
+        popped.clear()
+
+    def scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """The step's schedule is out: its plan, then `on_admitted` and `on_preempted`."""
+        plan, seqs = self.plan, self.seqs
+        scheduled = plan.scheduled
+        for rid, n in num_scheduled_tokens.items():
+            scheduled[seqs[rid]] = n
+        for seq in plan.admitted:  # vLLM advanced them past the step's tokens already: their hit, as before
+            seq.num_computed_tokens = self.request_of[seq].num_computed_tokens - scheduled.get(seq, 0)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+        hook = self.plugins.hook
+        if plan.admitted:
+            hook.on_admitted(ctx=self.ctx, seqs=list(plan.admitted))
+        if plan.preempted:
+            hook.on_preempted(ctx=self.ctx, seqs=list(plan.preempted))
+
+    def end_step(self, requests: list[Any]) -> None:
+        """vLLM's output for the step: the scheduled `requests`' new tokens (`on_tokens`), the
+        step's end (`on_step_end`), then the requests that ended (`on_finished`)."""
+        plan, self.plan = self.plan, None
+        if plan is None:
+            return
+        seqs, ctx = self.seqs, self.ctx
+        got, ended = [], []
+        for request in requests:
+            seq = seqs.get(request.request_id)
+            if seq is None or seq.state is FINISHED:
+                continue
+            if mirror.catch_up(seq, request):
+                got.append(seq)
+                if seq.first_token_time is None:
+                    seq.first_token_time = ctx.now
+            seq.num_computed_tokens = request.num_computed_tokens
+            if request.is_finished():
+                ended.append((seq, request))
+        plan.sample_seqs = got
+        hook = self.plugins.hook
+        if got:
+            hook.on_tokens(ctx=ctx, seqs=got)
+        hook.on_step_end(ctx=ctx, plan=plan)
+        if ended:
+            self.finished(ended)
+
+    def finished(self, ended: list[tuple[Sequence, Any]]) -> None:
+        """vLLM ended these (sequence, request) pairs: they leave the queues, then `on_finished`."""
+        seqs = []
+        for seq, request in ended:
+            if seq.state is FINISHED and seq not in self.request_of:
+                continue
+            self.running.pop(seq, None)
+            self.waiting.pop(seq, None)
+            seq.state = FINISHED
+            seq.finish_reason = finish_reason(request)
+            seq.finish_time = self.ctx.now
+            self.request_of.pop(seq, None)
+            self.seqs.pop(seq.request_id, None)
+            seqs.append(seq)
+        if seqs:
+            self.plugins.hook.on_finished(ctx=self.ctx, seqs=seqs)
+
+    def forget(self, request_id: str) -> None:
+        """A refused or failed request is done with (it never ran)."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.request_of.pop(seq, None)
+            self.waiting.pop(seq, None)
+
+
+def finish_reason(request: Any) -> FinishReason:
+    """metroline's finish reason for a finished vLLM request."""
+    name = request.status.name
+    if name == "FINISHED_LENGTH_CAPPED":
+        return FinishReason.LENGTH
+    if name == "FINISHED_ABORTED":
+        return FinishReason.CANCELLED
+    if name in ("FINISHED_ERROR", "FINISHED_IGNORED"):
+        return FinishReason.FAILED
+    return FinishReason.STOP if getattr(request, "stop_reason", None) is not None else FinishReason.EOS
+
+
+__all__ = ["Bridge", "finish_reason"]
