@@ -59,29 +59,6 @@ def model_folder(spec: str) -> str:
     return folder
 
 
-def vllm_view(folder: str, into: Path) -> str:
-    """`folder` as vLLM reads it: the same weight and tokenizer files (linked), the config without
-    the `quantization_config` transformers leaves in a GGUF model's config (the weights saved are
-    dequantized float32; vLLM would look for a GGUF file), and a tied embedding stored under its
-    embedding's name (saved once as `lm_head.weight`, which vLLM skips for a tied model, leaving the
-    embedding zero)."""
-    into.mkdir(parents=True, exist_ok=True)
-    config = json.loads((Path(folder) / "config.json").read_text())
-    config.pop("quantization_config", None)
-    for f in Path(folder).iterdir():
-        if f.name not in ("config.json", "model.safetensors"):
-            (into / f.name).symlink_to(f)
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(Path(folder) / "model.safetensors"))
-    if config.get("tie_word_embeddings") and "model.embed_tokens.weight" not in tensors:
-        # the tied matrix was saved once, as lm_head.weight; vLLM reads it as the embedding only
-        tensors["model.embed_tokens.weight"] = tensors.pop("lm_head.weight")
-    save_file(tensors, str(into / "model.safetensors"), metadata={"format": "pt"})
-    (into / "config.json").write_text(json.dumps(config, indent=1))
-    return str(into)
-
-
 class Timeline:
     """Per request: when its first token came and when it finished (seconds from the start)."""
 
@@ -203,6 +180,8 @@ def main() -> int:
     folder = model_folder(args.model)
     from transformers import AutoConfig
 
+    from metroline.integrations.vllm.model_folder import vllm_model_folder
+
     vocab = AutoConfig.from_pretrained(folder).vocab_size
     lo, hi = parse_range(args.prompt_lens)
     outs = [int(x) for x in args.output_lens.split(",")]
@@ -211,7 +190,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="vs_vllm."))
     spec = tmp / "spec.json"
     spec.write_text(json.dumps({"work": work, "warm": warm, "folder": folder, "threads": threads,
-                                "vllm_folder": vllm_view(folder, tmp / "model")}))
+                                "vllm_folder": str(vllm_model_folder(folder, tmp / "model"))}))
     core_list = ",".join(map(str, cores))
     env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": core_list,
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}

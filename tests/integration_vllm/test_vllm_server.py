@@ -57,13 +57,6 @@ def prompts(tokenizer) -> list[tuple[list[int], int]]:
     return out
 
 
-KNOWN_BAD_FOLDER = pytest.mark.xfail(strict=True, reason=(
-    "vLLM samples token 0 for every position from the dequantized SmolLM2 folder (it warns that the "
-    "checkpoint holds an lm_head apart from the tied embeddings): the folder vllm_model_folder makes is "
-    "still to be fixed"))
-
-
-@KNOWN_BAD_FOLDER
 def test_the_server_runs_metrolines_stack_and_streams(server):
     url, log = server
     log = Path(log)
@@ -79,7 +72,6 @@ def test_the_server_runs_metrolines_stack_and_streams(server):
     assert "metroline: policy 'srpt'" in log.read_text()
 
 
-@KNOWN_BAD_FOLDER
 def test_32_greedy_requests_give_metrolines_own_engines_token_ids(server, model):
     from metroline.core.config import EngineConfig
     from metroline.core.step.engine import Engine

@@ -20,22 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import metroline
+from metroline.integrations.vllm.model_folder import vllm_model_folder  # noqa: F401 (the tests and bench take it from here)
 
 SCHEDULER = "metroline.integrations.vllm.MetrolineScheduler"
-
-
-def vllm_model_folder(folder: Path, into: Path) -> Path:
-    """`folder` (metroline's dequantized model) as vLLM loads it: the same files (linked), with a
-    config.json without the `quantization_config` that the GGUF load left in it (the weights are
-    float32 already; vLLM refuses the `gguf` method for a safetensors folder)."""
-    into.mkdir(parents=True, exist_ok=True)
-    for f in Path(folder).iterdir():
-        if f.name != "config.json" and not (into / f.name).exists():
-            (into / f.name).symlink_to(f.resolve())
-    config = json.loads((Path(folder) / "config.json").read_text())
-    config.pop("quantization_config", None)
-    (into / "config.json").write_text(json.dumps(config, indent=1))
-    return into
 
 
 def free_port() -> int:
