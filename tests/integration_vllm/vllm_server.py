@@ -53,6 +53,9 @@ def vllm_server(model: str, stack: dict | None, log: Path, *, max_num_seqs: int 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (metroline_pythonpath(), os.environ.get("PYTHONPATH")) if p))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vLLM's INFO lines in the server's log (the bridge's start-up line among them), whatever the
+    # test process set for its own in-process schedulers (bench/vllm_bridge.py quiets them to ERROR)
+    env["VLLM_LOGGING_LEVEL"] = "INFO"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
