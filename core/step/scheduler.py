@@ -20,6 +20,9 @@ The long-lived state is the `Queues` (running, waiting, swapped), the pool, the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ...kv_backends.block_pool import BlockPool
 from ...kv_backends.swap_space import SwapSpace
 from ..config import EngineConfig
@@ -40,6 +43,18 @@ from .step_prefix import StepPrefix
 from .step_state import StepState
 from .victim_loop import VictimLoop
 
+
+
+def announce_arrivals(plugins: Any, ctx: Any, arrived: list, failed: Callable[[Any, PluginError], None]) -> None:
+    """Tell `on_arrival` of `arrived`, one request at a time, so that an error is that request's
+    alone: `failed(seq, error)` gets the error named for its request (the vLLM bridge's step, too)."""
+    on_arrival = plugins.hook.on_arrival
+    if on_arrival.get_hookimpls():
+        for seq in arrived:
+            try:
+                on_arrival(ctx=ctx, seqs=[seq])
+            except PluginError as exc:
+                failed(seq, exc.for_request(seq.request_id))
 
 class Scheduler:
     """Owns the queues (`running`, `waiting`, `swapped`) and the step's decisions."""
@@ -177,13 +192,7 @@ class Scheduler:
         ctx.step += 1
         if self._arrived:
             arrived, self._arrived = self._arrived, []
-            on_arrival = self.plugins.hook.on_arrival
-            if on_arrival.get_hookimpls():
-                for seq in arrived:  # one request at a time: an error is that request's alone
-                    try:
-                        on_arrival(ctx=ctx, seqs=[seq])
-                    except PluginError as exc:
-                        self.fail_request(seq, exc.for_request(seq.request_id), now)
+            announce_arrivals(self.plugins, ctx, arrived, lambda seq, err: self.fail_request(seq, err, now))
         self.prefix.new_step()  # last step's registrations: their KV is written now
         plan = StepPlan(ctx.step, self.pool.block_size)
         return StepState(plan, ctx, self.prefix if self.config.enable_prefix_caching else None,

@@ -21,6 +21,7 @@ from metroline.core.plugins.preemption import Preempt
 from metroline.core.requests.sequence import FINISHED, RUNNING, FinishReason, Sequence
 from metroline.core.step.context import StepContext
 from metroline.core.step.plan import StepPlan
+from metroline.core.step.scheduler import announce_arrivals
 
 from . import mirror
 from .kv_view import VllmKVView
@@ -109,18 +110,15 @@ class Bridge:
         self.plan = StepPlan(ctx.step, ctx.block_size)
         if self.arrived:
             arrived, self.arrived = self.arrived, []
-            on_arrival = self.plugins.hook.on_arrival
-            if on_arrival.get_hookimpls():
-                for seq in arrived:  # one request at a time: an error is that request's alone
-                    try:
-                        on_arrival(ctx=ctx, seqs=[seq])
-                    except PluginError as exc:
-                        err = exc.for_request(seq.request_id)
-                        log.error("metroline: %s", err)
-                        self.refused[seq.request_id] = f"PluginError: {err}"
-                        self.waiting.pop(seq, None)
-                        seq.state = FINISHED
-                        seq.finish_reason = FinishReason.FAILED
+            announce_arrivals(self.plugins, ctx, arrived, self._refuse_arrival)
+
+    def _refuse_arrival(self, seq: Sequence, err: PluginError) -> None:
+        """An `on_arrival` error of `seq` alone: logged, and the request refused at its next sight."""
+        log.error("metroline: %s", err)
+        self.refused[seq.request_id] = f"PluginError: {err}"
+        self.waiting.pop(seq, None)
+        seq.state = FINISHED
+        seq.finish_reason = FinishReason.FAILED
 
     def split(self, budget: int) -> Split:
         """The plugins' split of the step's `budget` (`split_budget`), checked as metroline checks
