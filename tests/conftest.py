@@ -182,10 +182,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 LONGEST_FILES = (
-    "test_deterministic_smollm2.py", "test_multiplicity.py", "test_deterministic_smollm2_float32.py",
-    "test_canary_trials.py", "test_plugin_guide.py", "test_deterministic.py", "test_deterministic_cli.py",
-    "test_ab_trials.py", "test_serve_replicas.py", "test_progress.py", "test_generate_cli.py",
-    "test_torch_executor.py",
+    "test_deterministic_smollm2.py", "test_multiplicity.py", "test_canary_trials.py", "test_plugin_guide.py",
+    "test_deterministic.py", "test_deterministic_cli.py", "test_ab_trials.py", "test_serve_replicas.py",
+    "test_progress.py", "test_generate_cli.py", "test_torch_executor.py",
 )
 """The test files that take longest under `--runslow` (from `--durations`), longest first. Under
 `pytest -n 2 --dist loadfile` each worker takes the next whole file when it runs short, in the

@@ -208,19 +208,6 @@ def control_differences(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...
     return found
 
 
-def smollm2_subset(dtype: str) -> None:
-    """SmolLM2-135M in `dtype` on its subset (`SMOLLM2`) and a prefix hit: bitwise equal with the
-    mode; and under the negative control (`TileSplitControl`) some request's bits differ
-    (`tests/test_deterministic_smollm2*.py`, one file per dtype, so that `pytest -n 2 --dist
-    loadfile` runs them in both workers), each request generating `SMOLLM2_MAX_NEW` tokens."""
-    ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
-    alone = alone_runs(ex, 1000, SMOLLM2, SMOLLM2_MAX_NEW)
-    assert differences(ex, 1000, SMOLLM2, alone, SMOLLM2_MAX_NEW) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
-    assert sorted(SMOLLM2_SEARCH) == sorted(SMOLLM2)
-    control = control_differences(ex, 1000, SMOLLM2_SEARCH, alone, SMOLLM2_MAX_NEW, first=True)
-    assert any(control.values()), control
-
-
 def tiny(name: str, dtype: torch.dtype) -> tuple[TorchExecutor, int]:
     case = {c.name: c for c in CASES}[name]
     return TorchExecutor(build(case).to(dtype)), case.config["vocab_size"]
