@@ -24,7 +24,8 @@ import warnings
 from typing import Any
 
 import torch
-from torch_helpers import Argmax, greedy_request
+from test_model_support import generate_greedy, hf_greedy_each
+from torch_helpers import Argmax
 
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
@@ -96,17 +97,6 @@ def prompts(seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
     return plain, shared
 
 
-def hf_greedy(model: Any, batch: list[list[int]]) -> list[list[int]]:
-    model.set_attn_implementation("eager")
-    out = []
-    with torch.no_grad():
-        for p in batch:
-            ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                 max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-            out.append(ids[0, len(p):].tolist())
-    return out
-
-
 def check(model_type: str) -> tuple[str, str]:
     """`(outcome, detail)`: outcome one of exact, refused, not buildable, crash, wrong, or hf
     inconsistent (HF `generate` differs from HF's own forward, so there is no one reference)."""
@@ -118,7 +108,7 @@ def check(model_type: str) -> tuple[str, str]:
         return "not buildable", f"{type(e).__name__}: {' '.join(str(e).split())[:120]}"
     plain, shared = prompts()
     try:
-        refs = {"plain": hf_greedy(model, plain), "shared": hf_greedy(model, shared)}
+        refs = {"plain": hf_greedy_each(model, plain, MAX_NEW), "shared": hf_greedy_each(model, shared, MAX_NEW)}
     except Exception as e:  # noqa: BLE001 - HF itself cannot generate with this tiny model
         return "not buildable", f"HF generate: {type(e).__name__}: {' '.join(str(e).split())[:120]}"
     try:
@@ -135,11 +125,7 @@ def check(model_type: str) -> tuple[str, str]:
         batch, ref = (shared, refs["shared"]) if name == "prefix-cow" else (plain, refs["plain"])
         try:
             eng = Engine(EngineConfig(**setting), executor, plugins=[Argmax()])
-            if name == "prefix-cow":  # the first request computes the prefix before the others arrive
-                eng.add_request(greedy_request("0", batch[0], MAX_NEW))
-                eng.step()
-            results = eng.generate(greedy_request(str(i), p, MAX_NEW) for i, p in enumerate(batch)
-                                   if name != "prefix-cow" or i > 0)
+            results = generate_greedy(eng, batch, MAX_NEW, prefix_first=name == "prefix-cow")
         except Exception as e:  # noqa: BLE001
             return "crash", f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
         got = [results[str(i)][0].output_token_ids for i in range(len(batch))]

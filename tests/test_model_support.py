@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
-from torch_helpers import engine, greedy_request
+from torch_helpers import Argmax, engine, greedy_request
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from metroline.api import hookimpl
-from metroline.executors.torch import support
+from metroline.core.config import EngineConfig
+from metroline.core.step.engine import Engine
+from metroline.executors.torch import TorchExecutor, support
 from metroline.executors.torch.support import UnsupportedModel
 
 VOCAB = 96
@@ -133,16 +135,27 @@ def prompts_for(case: Case, seed: int) -> tuple[list[list[int]], list[list[int]]
     return plain, shared
 
 
-def hf_greedy_each(model: Any, prompts: list[list[int]]) -> list[list[int]]:
-    """Each prompt's greedy continuation by `model.generate`, one prompt at a time (no padding)."""
+def hf_greedy_each(model: Any, prompts: list[list[int]], max_new: int = MAX_NEW) -> list[list[int]]:
+    """Each prompt's greedy continuation of `max_new` tokens by `model.generate`, one prompt at a
+    time (no padding)."""
     model.set_attn_implementation("eager")
     refs = []
     with torch.no_grad():
         for p in prompts:
             out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                 max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+                                 max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, pad_token_id=0)
             refs.append(out[0, len(p):].tolist())
     return refs
+
+
+def generate_greedy(eng: Any, prompts: list[list[int]], max_new: int, prefix_first: bool = False) -> dict[str, Any]:
+    """`eng.generate`'s results for `prompts` as greedy requests "0", "1", ... of `max_new`
+    tokens. With `prefix_first`, the first request computes its prompt (a step) before the others
+    arrive, so those that share its prefix hit the cache."""
+    if prefix_first:
+        eng.add_request(greedy_request("0", prompts[0], max_new))
+        eng.step()
+    return eng.generate(greedy_request(str(i), p, max_new) for i, p in enumerate(prompts) if i > 0 or not prefix_first)
 
 
 SETTINGS = {
@@ -154,15 +167,13 @@ SETTINGS = {
 }
 
 
-def run_setting(model: Any, name: str, prompts: list[list[int]], refs: list[list[int]]) -> Any:
-    """Run `prompts` under setting `name`; assert every token is HF's and every block ends free.
-    Under prefix-cow the first request computes the shared prefix before the others arrive."""
-    eng, ex = engine(model, **SETTINGS[name])
-    first = 1 if name == "prefix-cow" else 0
-    if first:
-        eng.add_request(greedy_request("0", prompts[0], MAX_NEW))
-        eng.step()
-    results = eng.generate(greedy_request(str(i), p, MAX_NEW) for i, p in enumerate(prompts) if i >= first)
+def run_setting(model: Any, name: str, prompts: list[list[int]], refs: list[list[int]], executor: Any = None) -> Any:
+    """Run `prompts` under setting `name` (on `executor` when given, else a new one over `model`);
+    assert every token is HF's and every block ends free. Under prefix-cow the first request
+    computes the shared prefix before the others arrive."""
+    ex = executor or TorchExecutor(model)
+    eng = Engine(EngineConfig(**SETTINGS[name]), ex, plugins=[Argmax()])
+    results = generate_greedy(eng, prompts, MAX_NEW, prefix_first=name == "prefix-cow")
     for i, ref in enumerate(refs):
         (seq,) = results[str(i)]
         assert seq.output_token_ids == ref, f"setting {name}, request {i} (prompt of {len(prompts[i])} tokens)"
@@ -177,11 +188,12 @@ def test_exact_in_every_setting(case: Case) -> None:
     plain, shared = prompts_for(case, seed=1)
     refs_plain = hf_greedy_each(model, plain)
     refs_shared = hf_greedy_each(model, shared)
+    ex = TorchExecutor(model)  # one load probe; each engine's bind gives it a new KV cache and stats
     for name in ("plain", "chunked", "recompute", "swap"):
-        _, ex, seqs = run_setting(model, name, plain, refs_plain)
+        _, _, seqs = run_setting(model, name, plain, refs_plain, ex)
         if name in ("recompute", "swap"):
             assert sum(s.num_preemptions for s in seqs) > 0, f"{name}: the pool was not tight"
-    eng, ex, seqs = run_setting(model, "prefix-cow", shared, refs_shared)
+    eng, ex, seqs = run_setting(model, "prefix-cow", shared, refs_shared, ex)
     assert ex.stats.copies > 0  # hits ended inside a block and were copied before the write
     assert max(s.num_cached_prompt_tokens for s in seqs) >= 21
 
@@ -191,7 +203,6 @@ def test_refused_by_name(case: Case, tmp_path: Path, capsys: pytest.CaptureFixtu
     """Refused when the executor is built on the model object, and by `metroline generate` on the
     saved folder, before any weights load: one line naming the model type and the cause."""
     from metroline.cli import main
-    from metroline.executors.torch import TorchExecutor
 
     model = build(case)
     with pytest.raises(UnsupportedModel) as err:
@@ -241,8 +252,6 @@ def test_a_model_that_swallows_our_attention_is_refused_by_the_probe() -> None:
     """A layer that bypasses the registered function (here: a Llama whose second layer's attention
     is replaced by transformers' eager function) is found by the load probe."""
     from transformers.models.llama import modeling_llama
-
-    from metroline.executors.torch import TorchExecutor
 
     model = build(CASES[0])
     attn = model.model.layers[1].self_attn
@@ -309,10 +318,6 @@ def test_logits_equal_hf_forward(name: str, softcap: float | None) -> None:
     """Not only the argmax: the logits of every prompt's last token equal one eager HF forward of
     that prompt alone, packed with the others (Gemma2's default softcap of 50 moved them by up to
     0.09 when it was dropped; float32 rounding here is ~1e-5)."""
-    from metroline.core.config import EngineConfig
-    from metroline.core.step.engine import Engine
-    from metroline.executors.torch import TorchExecutor
-
     case = next(c for c in CASES if c.name == name)
     if softcap is not None:
         case = Case(case.model_type, dict(case.config, attn_logit_softcapping=softcap), name=name)
