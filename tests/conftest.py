@@ -4,8 +4,7 @@ what every step plan asked for; and the `slow` marker.
 Slow tests (`@pytest.mark.slow`, or listed in `SLOW_TESTS` below) are skipped by a plain `pytest`
 and run with `pytest --runslow` (what `.ci/run` does) or selected with `pytest -m slow`. Without
 `--runslow` the progress fuzz (`test_progress.py`) also runs `FAST_PROGRESS_EXAMPLES` examples
-instead of 1000, unless `PROGRESS_EXAMPLES` is set, and the KV shadow's property test
-(`test_kv_shadow.py`) `FAST_KV_SHADOW_EXAMPLES`, unless `KV_SHADOW_EXAMPLES` is set."""
+instead of 1000, unless `PROGRESS_EXAMPLES` is set."""
 
 from __future__ import annotations
 
@@ -171,10 +170,6 @@ SLOW_TESTS = {
 FAST_PROGRESS_EXAMPLES = 100
 """Examples of the progress fuzz in a run without `--runslow` (1000 with it, about 35 s)."""
 
-FAST_KV_SHADOW_EXAMPLES = 500
-"""Examples of the KV shadow's property test (`test_kv_shadow.py`) in a run without `--runslow`
-(1000 with it), unless `KV_SHADOW_EXAMPLES` is set."""
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--runslow", action="store_true", default=False,
@@ -251,7 +246,6 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(torch_threads())
     if not config.getoption("--runslow"):
         os.environ.setdefault("PROGRESS_EXAMPLES", str(FAST_PROGRESS_EXAMPLES))
-        os.environ.setdefault("KV_SHADOW_EXAMPLES", str(FAST_KV_SHADOW_EXAMPLES))
     if getattr(config.option, "loadscopereorder", False):  # pytest-xdist: keep the order given below
         config.option.loadscopereorder = False
 
