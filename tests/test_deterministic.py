@@ -144,21 +144,22 @@ class TileSplitControl:
                          layout.key_pos.view(splits * cut, CONTROL_SPLIT))
 
 
-def prefix_case(ex: TorchExecutor, vocab: int, max_new: int = MAX_NEW) -> int:
-    """A prompt whose first 40 tokens another request computed before (a prefix hit) against the
-    same prompt alone in a fresh engine, in the mode; returns 1 when they differ."""
-    rng = random.Random(7)
-    head = [rng.randrange(vocab) for _ in range(40)]
-    first, second = head + [1, 2, 3], head + [rng.randrange(vocab) for _ in range(13)]
-    alone, _ = run(ex, [(5, second)], max_new)
+def prefix_case(ex: TorchExecutor, vocab: int, alone: dict[str, tuple], max_new: int = MAX_NEW) -> int:
+    """A request whose first two blocks of 16 another request computed before (a prefix hit), in
+    the mode, against the same request run alone in its own engine; returns 1 when they differ.
+    The request is the first one of `alone` (from `alone_runs`, whose fingerprint is that alone
+    run) that draws with a seed and has a prompt of at least 48 tokens, so 16 or more of its
+    prompt tokens are computed after the hit; the warm request shares its first 40 tokens."""
+    prompts = prompts_for(vocab)
+    i = next(i for i in range(len(alone)) if i % 4 == 1 and len(prompts[i]) >= 48)
     eng = Engine(EngineConfig(**BASE, deterministic=True), ex)
-    warm = request(4, first)
+    warm = request(len(prompts), prompts[i][:40] + [1, 2, 3])
     warm["sampling"]["max_new_tokens"] = 1  # it only fills the cache: its own decodes would prove nothing
     eng.generate([warm])
-    results = eng.generate([request(5, second, max_new)])
-    (seq,) = results["5"]
+    results = eng.generate([request(i, prompts[i], max_new)])
+    (seq,) = results[str(i)]
     assert seq.num_cached_prompt_tokens >= 32  # two whole blocks of 16 came from the cache
-    return int(fingerprint(seq) != alone["5"])
+    return int(fingerprint(seq) != alone[str(i)])
 
 
 def alone_runs(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], max_new: int = MAX_NEW) -> dict[str, tuple]:
@@ -190,7 +191,7 @@ def differences(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...], alone
     """In the mode: for each scenario (then "prefix-hit"), how many requests' fingerprints differ
     from the same request run alone (`alone`, from `alone_runs`)."""
     found = {name: scenario_differences(ex, vocab, name, alone, max_new) for name in scenarios}
-    found["prefix-hit"] = prefix_case(ex, vocab, max_new)
+    found["prefix-hit"] = prefix_case(ex, vocab, alone, max_new)
     return found
 
 
