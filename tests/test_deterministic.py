@@ -69,11 +69,13 @@ second of which reads KV that a decode row wrote. In the mode every forward is 3
 decode costs as much as 32 prompt tokens: each token past these would add a model call to every
 one of the 8 alone runs and every scenario (and bfloat16 is 4-6x float32 on CPUs without bfloat16
 instructions) without a kind of step the first three do not already have."""
-SMOLLM2_SEARCH = ("chunk-16", "companions-7", "recompute-7", "swap-7")
+SMOLLM2_SEARCH = ("companions-1", "chunk-16", "companions-7", "recompute-7", "swap-7")
 """The order in which the negative control (`control_differences(..., first=True)`) looks for a
-difference on SmolLM2: the subset, chunked prefill first (its tiles hold two prompts' chunks from
-the first step on, so every request's rows past position `CONTROL_SPLIT` are summed in the
-control's order)."""
+difference on SmolLM2: the cheapest scenario first, the first two of the subset's prompts together
+(50 and 79 tokens: 7 model calls, where chunk-16 takes 16), whose second prefill tile and both
+decode tiles hold rows of both requests, so their rows past position `CONTROL_SPLIT` there are
+summed in the control's order; then the subset, chunked prefill first (its tiles hold two prompts'
+chunks from the first step on). Every request of these has its alone run in the subset's."""
 ARCHITECTURES = ("qwen3", "gemma2", "gpt_neox")
 
 

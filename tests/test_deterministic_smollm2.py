@@ -37,6 +37,6 @@ def test_smollm2_subset(dtype: str) -> None:
     ex = TorchExecutor.from_options(model="smollm2", dtype=dtype)
     alone = alone_runs(ex, 1000, SMOLLM2, SMOLLM2_MAX_NEW)
     assert differences(ex, 1000, SMOLLM2, alone, SMOLLM2_MAX_NEW) == {name: 0 for name in (*SMOLLM2, "prefix-hit")}
-    assert sorted(SMOLLM2_SEARCH) == sorted(SMOLLM2)
+    assert set(SMOLLM2) <= set(SMOLLM2_SEARCH)  # the search can go through the whole subset
     control = control_differences(ex, 1000, SMOLLM2_SEARCH, alone, SMOLLM2_MAX_NEW, first=True)
     assert any(control.values()), control
