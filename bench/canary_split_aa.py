@@ -81,7 +81,8 @@ def judge(args: argparse.Namespace) -> None:
     for path in args.files:
         for line in Path(path).read_text().splitlines():
             row = json.loads(line)
-            draws[row["variant"], row.get("max_requests"), row["seed"]] = row
+            size = row.get("max_requests") or len(row["b"]["arrival"]) + len(row["c"]["arrival"])
+            draws[row["variant"], size, row["seed"]] = row
     groups: dict[tuple, list[dict]] = {}
     for (variant, size, _), row in sorted(draws.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0, kv[0][2])):
         groups.setdefault((variant, size), []).append(row)
