@@ -165,7 +165,7 @@ def slow_readers(count: int = 4, tokens: int = 4000) -> Callable[[str], str]:
         most = 0
         h: dict = {}
         try:
-            while time.monotonic() - t0 < STALL_S + 55:
+            while time.monotonic() - t0 < STALL_S + 115:
                 h = httpx.get(url + "/health", timeout=10).json()
                 now = time.monotonic() - t0
                 most = max(most, h.get("paused", 0))
