@@ -11,7 +11,7 @@ request to request and window to window. The comparison is `results/canary.py`'s
 - 30 A/A trials (both arms the same engine): the canary's verdict is `no difference` in at least
   27 (90%, the offline test's bar).
 - 30 planted trials (the canary's every step 30% slower): `worse` in at least 27.
-- Past capacity (the split's accumulating model), on queues built without the engine: 200 A/A
+- Past capacity (the split's accumulating model), on queues built without the engine: 100 A/A
   draws called different in at most 5% overall and per metric; halved slots called worse in all.
   (The engine's figures past capacity: bench/canary_split_aa.py, docs/guide/replicas-and-routing.md.)
 """
@@ -218,12 +218,12 @@ def _queued_canary(seed: int, canary_servers: int) -> dict:
 
 def test_past_capacity_an_a_a_split_holds_its_level_and_half_the_slots_is_called_worse():
     """The split comparison past capacity (where windows of 4 lifetimes never fit: the accumulating
-    model), on queues built to be identical or not: 200 A/A draws (both arms 8 slots) are called
+    model), on queues built to be identical or not: 100 A/A draws (both arms 8 slots) are called
     different in at most 5% overall and for each metric; with the canary's slots halved (as
     `max_num_seqs` halved) every draw is called worse."""
     from metroline.core.results.canary import ACCUMULATING, CANARY_METRICS
 
-    draws = 200
+    draws = 100
     same = [_queued_canary(seed, 8) for seed in range(draws)]
     assert {c["interval_model"] for c in same} == {ACCUMULATING} and min(c["windows"] for c in same) >= 5
     false = {key: sum(c["metrics"][key]["verdict"] != NO_DIFFERENCE for c in same) for key, _, _ in CANARY_METRICS}
