@@ -146,7 +146,7 @@ def slow_readers(count: int = 4, tokens: int = 4000) -> Callable[[str], str]:
     `tokens` x 180 bytes of SSE) whose clients read nothing, each on a socket with a 4 KiB
     receive buffer. The answer: how long until the server had paused all of them (`paused` on
     `/health`, polled every 20 ms: a stream is paused once its socket holds `buffer_bytes`, 256
-    KiB), and whether they were all cancelled after `stall_timeout` (`in_flight` back to 0). The
+    KiB), and whether they were all cut after `stall_timeout` (`paused` back to 0). The
     concurrent stream of tenant `bench` runs meanwhile (its gaps are the table's)."""
     def send(url: str) -> str:
         host, port = url.removeprefix("http://").split(":")
@@ -171,7 +171,7 @@ def slow_readers(count: int = 4, tokens: int = 4000) -> Callable[[str], str]:
                 most = max(most, h.get("paused", 0))
                 if paused_in is None and h.get("paused", 0) >= count:
                     paused_in = now
-                if paused_in is not None and h.get("in_flight", 1) == 0:
+                if paused_in is not None and h.get("paused", 1) == 0:  # cut (`in_flight` counts the measured stream)
                     cancelled_in = now
                     break
                 time.sleep(0.02)
@@ -181,7 +181,7 @@ def slow_readers(count: int = 4, tokens: int = 4000) -> Callable[[str], str]:
         if "paused" not in h:
             return "no pause figures on /health (a front)"
         paused = f"{count} paused in {paused_in:.1f} s" if paused_in is not None else f"at most {most} of {count} paused"
-        gone = f", all cancelled in {cancelled_in:.1f} s" if cancelled_in is not None else ", not cancelled"
+        gone = f", all cut {cancelled_in:.1f} s in" if cancelled_in is not None else ", not cut"
         return paused + gone + f" (socket_pauses {h.get('socket_pauses')})"
 
     return send
