@@ -13,7 +13,9 @@ Run:  python bench/canary_split_aa.py collect --workload ../shared/traces/azure_
           --max-requests 800 --rate-scale 1.0 --max-num-seqs 8 --variant aa --seeds 0:100 --out aa800.jsonl
       python bench/canary_split_aa.py judge aa800.jsonl half800.jsonl ...
 (`collect` appends; several processes may collect disjoint seed ranges into their own files; `judge`
-keeps one draw per variant, size and seed.)
+keeps one draw per variant, size and seed, the size a row's `max_requests` or else its two arms'
+requests together.) Figures and the design they measure: docs/guide/replicas-and-routing.md,
+"Near and past capacity".
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def judge(args: argparse.Namespace) -> None:
     for path in args.files:
         for line in Path(path).read_text().splitlines():
             row = json.loads(line)
-            draws[row["variant"], row.get("max_requests"), row["seed"]] = row
+            size = row.get("max_requests") or len(row["b"]["arrival"]) + len(row["c"]["arrival"])
+            draws[row["variant"], size, row["seed"]] = row
     groups: dict[tuple, list[dict]] = {}
     for (variant, size, _), row in sorted(draws.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0, kv[0][2])):
         groups.setdefault((variant, size), []).append(row)
@@ -99,6 +102,13 @@ def judge(args: argparse.Namespace) -> None:
             k = sum((v in ("better", "worse")) if want is None else v == want for v in verdicts)
             low, high = wilson(k, len(rows))
             print(f"  {key:<10} {k:>3}/{len(rows)} {k / len(rows):6.1%} [{low:5.1%}, {high:5.1%}]")
+        if want is not None:
+            better = {key: sum((c["metrics"].get(key) or {}).get("verdict") == "better" for c in results)
+                      for key, _, _ in CANARY_METRICS}
+            print(f"  called better: overall {sum(c['verdict'] == 'better' for c in results)}/{len(rows)}; per metric "
+                  + ", ".join(f"{k} {v}" for k, v in better.items()))
+        models = sorted({str(c.get("interval_model")) for c in results})
+        print(f"  interval model: {', '.join(models)}")
         example = results[0].get("window_reason")
         if example:
             print(f"  e.g. seed {rows[0]['seed']}: {example}")

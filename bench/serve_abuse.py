@@ -10,11 +10,16 @@ that fits the context, refused before tokenizing), a 100 MB body with a key (413
 stop strings (400); heads of 40 MB and 80 MB (one header, no key) and of 10,000 header fields (431,
 refused past 64 KiB or 100 fields), two `Authorization` headers (400), a 400-digit `priority`, a
 5,000-digit integer, a lone surrogate and `deadline_s: Infinity` (400 naming the field), a batch of
-100,000 prompts (413: more than `max_waiting`). Printed per abuse: the status, the refusal's wall time at the client (which
+100,000 prompts (413: more than `max_waiting`); attack 6, the quota: one `n = 64` request reserving
+36,800 tokens against a 4,096-token burst (400, too large) and 16 requests at once of about 1,000
+tokens each from that tenant (4 admitted from the burst, plus what the bucket refills at 1,000
+tokens/s while they arrive; the same on one server and through the front: one bucket);
+attack 8, 4 slow readers of another tenant (how long until all were paused, and cancelled after
+`stall_timeout`; run it with `--tokens 4000` so the measured stream runs as long as they do). Printed per abuse: the status, the refusal's wall time at the client (which
 includes sending the body over loopback), and the stream's max and p99 inter-token gap (read by a
 client process of its own).
 
-Run:  python bench/serve_abuse.py [--replicas 2] [--tokens 600] [--step-time 0.005]
+Run:  python bench/serve_abuse.py [--replicas 2] [--tokens 600] [--step-time 0.005] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -40,13 +45,22 @@ import metroline  # noqa: E402
 
 ROOT = Path(metroline.__file__).parent.parent  # the servers import the code this bench imports
 KEY = "sk-bench"
+QUOTA_KEY, OTHER_KEY = "sk-quota", "sk-other"
+BURST = 4096
+STALL_S = 5.0
 CONFIG = f"""
 max_model_len = 4096
 [serve]
+stall_timeout = {STALL_S}
 [serve.tenants.bench]
 api_keys = ["{KEY}"]
 [serve.tenants.other]
-api_keys = ["sk-other"]
+api_keys = ["{OTHER_KEY}"]
+[serve.tenants.quota]
+api_keys = ["{QUOTA_KEY}"]
+[plugin_options.tenant_quota]
+token_rate = {{ quota = 1000 }}
+burst = {BURST}
 """
 
 
@@ -54,8 +68,8 @@ def start(replicas: int, step_time: float, folder: Path) -> tuple[subprocess.Pop
     config = folder / "serve.toml"
     config.write_text(CONFIG)
     flags = ["--replicas", str(replicas)] if replicas > 1 else []
-    return start_serve(["--config", str(config), "--cost-model", "steps", "--step-time", str(step_time), *flags],
-                       str(ROOT), "the server")
+    return start_serve(["--config", str(config), "--cost-model", "steps", "--step-time", str(step_time),
+                        "--plugin", "tenant_quota", *flags], str(ROOT), "the server")
 
 
 def stream_gaps(url: str, tokens: int, out: list[float], started: threading.Event) -> None:
@@ -102,6 +116,77 @@ def flood(fields: int, size: int) -> Callable[[str], int]:
     return send
 
 
+def quota_burst(parallel: int = 16, each: int = 1000) -> Callable[[str], str]:
+    """Attack 6, the quota across replicas: tenant `quota` (1,000 tokens/s, a burst of `BURST`)
+    sends `parallel` requests at once, each reserving about `each` tokens; the answer is how many
+    were admitted (200) and refused (429). One bucket for the tenant, on one server or at the front
+    of several replicas, admits BURST // each of them (4) plus what it refills (1,000 tokens/s)
+    while they arrive, not that many per replica."""
+    def send(url: str) -> str:
+        body = {"prompt": "q", "max_tokens": each - 1}
+        headers = {"Authorization": f"Bearer {QUOTA_KEY}"}
+
+        def one(out: list[int]) -> None:
+            out.append(httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120).status_code)
+
+        statuses: list[int] = []
+        threads = [threading.Thread(target=one, args=(statuses,)) for _ in range(parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return f"{statuses.count(200)}x200 {statuses.count(429)}x429 " + (
+            f"+{len(statuses) - statuses.count(200) - statuses.count(429)} other" if len(set(statuses) - {200, 429}) else "")
+
+    return send
+
+
+def slow_readers(count: int = 4, tokens: int = 4000) -> Callable[[str], str]:
+    """Attack 8, slow readers: `count` streams of tenant `other` (`tokens` tokens each, about
+    `tokens` x 180 bytes of SSE) whose clients read nothing, each on a socket with a 4 KiB
+    receive buffer. The answer: how long until the server had paused all of them (`paused` on
+    `/health`, polled every 20 ms: a stream is paused once its socket holds `buffer_bytes`, 256
+    KiB), and whether they were all cut after `stall_timeout` (`paused` back to 0). The
+    concurrent stream of tenant `bench` runs meanwhile (its gaps are the table's)."""
+    def send(url: str) -> str:
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": "slow", "max_tokens": tokens, "stream": True, "ignore_eos": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OTHER_KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        socks = []
+        t0 = time.monotonic()
+        for _ in range(count):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect((host, int(port)))
+            s.sendall(head + body)
+            socks.append(s)
+        paused_in = cancelled_in = None
+        most = 0
+        h: dict = {}
+        try:
+            while time.monotonic() - t0 < STALL_S + 115:
+                h = httpx.get(url + "/health", timeout=10).json()
+                now = time.monotonic() - t0
+                most = max(most, h.get("paused", 0))
+                if paused_in is None and h.get("paused", 0) >= count:
+                    paused_in = now
+                if paused_in is not None and h.get("paused", 1) == 0:  # cut (`in_flight` counts the measured stream)
+                    cancelled_in = now
+                    break
+                time.sleep(0.02)
+        finally:
+            for s in socks:
+                s.close()
+        if "paused" not in h:
+            return "no pause figures on /health (a front)"
+        paused = f"{count} paused in {paused_in:.1f} s" if paused_in is not None else f"at most {most} of {count} paused"
+        gone = f", all cut {cancelled_in:.1f} s in" if cancelled_in is not None else ", not cut"
+        return paused + gone + f" (socket_pauses {h.get('socket_pauses')})"
+
+    return send
+
+
 def abuses() -> list[tuple[str, Any, bytes]]:
     key = {"Authorization": f"Bearer {KEY}", "content-type": "application/json"}
     plain = {"content-type": "application/json"}
@@ -126,6 +211,10 @@ def abuses() -> list[tuple[str, Any, bytes]]:
         ("a lone surrogate", key, b'{"prompt": "a \\ud800 b", "max_tokens": 2}'),
         ("deadline_s Infinity", key, b'{"prompt": "hi", "max_tokens": 2, "deadline_s": Infinity}'),
         ("batch of 100,000", key, json.dumps({"prompt": [f"p{i}" for i in range(100_000)], "max_tokens": 2}).encode()),
+        ("n=64 over the burst", {"Authorization": f"Bearer {QUOTA_KEY}", "content-type": "application/json"},
+         json.dumps({"prompt": "hi", "max_tokens": 575, "n": 64}).encode()),
+        ("16 at once, quota 4", quota_burst(), b""),
+        ("4 slow readers", slow_readers(), b""),
     ]
 
 
@@ -134,14 +223,16 @@ def p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
 
 
-def measured(url: str, tokens: int, abuse: tuple[str, dict, bytes] | None) -> tuple[list[float], int, float]:
-    """(the concurrent stream's gaps, the abuse's status, its wall time). The stream is read by a
-    process of its own, so that sending the abuse does not hold its interpreter lock."""
+def measured(url: str, tokens: int, abuse: tuple[str, dict, bytes] | None) -> tuple[list[float], int | str, float]:
+    """(the concurrent stream's gaps, the abuse's status (or, for some, what happened), its wall
+    time). The stream is read by a process of its own, so that sending the abuse does not hold its
+    interpreter lock."""
     reader = subprocess.Popen([sys.executable, __file__, "--reader", url, "--tokens", str(tokens)],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert reader.stdout is not None and reader.stdout.readline().strip() == "started"
     time.sleep(0.2)
-    status, took = 0, 0.0
+    status: int | str = 0
+    took = 0.0
     if abuse is not None:
         _, headers, body = abuse
         t0 = time.monotonic()
@@ -188,8 +279,9 @@ def main() -> None:
                 if args.only and args.only not in abuse[0]:
                     continue
                 gaps, status, took = measured(url, args.tokens, abuse)
-                print(f"  {abuse[0]:<24} {status:>6} {took * 1e3:9.1f}ms {max(gaps) * 1e3:7.1f}ms "
-                      f"{p99(gaps) * 1e3:7.1f}ms")
+                line = (f"  {abuse[0]:<24} {{}} {took * 1e3:9.1f}ms {max(gaps) * 1e3:7.1f}ms "
+                        f"{p99(gaps) * 1e3:7.1f}ms")
+                print(line.format(f"{status:>6}") if isinstance(status, int) else line.format(f"{'':>6}") + f"  {status}")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)

@@ -11,6 +11,9 @@ request to request and window to window. The comparison is `results/canary.py`'s
 - 30 A/A trials (both arms the same engine): the canary's verdict is `no difference` in at least
   27 (90%, the offline test's bar).
 - 30 planted trials (the canary's every step 30% slower): `worse` in at least 27.
+- Past capacity (the split's accumulating model), on queues built without the engine: 100 A/A
+  draws called different in at most 5% overall and per metric; halved slots called worse in all.
+  (The engine's figures past capacity: bench/canary_split_aa.py, docs/guide/replicas-and-routing.md.)
 """
 
 from __future__ import annotations
@@ -137,27 +140,97 @@ def test_windows_are_several_request_lifetimes_long():
     assert window_count(1000.0, e2e, 100_000) == 40  # never more than 40
 
 
-def test_a_split_too_short_for_five_independent_windows_gets_no_verdict_and_says_why():
-    """Arms 10 s long whose requests live 1 s: 2 windows of 4 lifetimes. Against the baseline arm's
-    requests (a split) no verdict at all, however different the arms look, with the reason;
-    against a twin (the same requests, paired) 5 windows, and the 50% slower canary is worse."""
+def test_a_split_shorter_than_five_request_lifetimes_takes_the_difference_as_accumulating():
+    """Arms 10 s long whose requests live about 1.1 s (1 s of it in service): 2 windows of 4
+    lifetimes, too few independent windows, so the split uses the accumulating model over windows
+    of one time in service (9 of them here); with fewer than 5 such windows (under 100 requests) no
+    verdict at all, however different the arms look, with the reason. Against a twin (the same
+    requests, paired) the window bootstrap over 5 windows."""
     import numpy as np
 
-    from metroline.core.results.canary import ArmSamples, compare_arms, format_canary
+    from metroline.core.results.canary import ACCUMULATING, WINDOW_BOOTSTRAP, ArmSamples, compare_arms, format_canary
 
     rng = np.random.default_rng(7)
-    arrival = np.sort(rng.uniform(0, 10, 400))
-    base = rng.uniform(0.05, 0.15, 400)
 
-    def arm(scale: float) -> ArmSamples:
-        return ArmSamples((a, t * scale, 0.01 * scale, 1.0) for a, t in zip(arrival, base))
+    def arms(n: int, behind: float = 0.0, scale: float = 1.0) -> tuple[ArmSamples, ArmSamples]:
+        """The canary's TTFT `scale` times the baseline's plus `behind` x its arrival time (a
+        queue growing on it alone)."""
+        arrival = np.sort(rng.uniform(0, 10, n))
+        base = rng.uniform(0.05, 0.15, n)
+        return (ArmSamples((a, t, 0.01, t + 1.0) for a, t in zip(arrival, base)),
+                ArmSamples((a, t * scale + behind * a, 0.01, t * scale + behind * a + 1.0) for a, t in zip(arrival, base)))
 
-    split = compare_arms(arm(1.0), arm(1.5))
-    assert split["windows"] == 2 and split["verdict"] is None
-    assert all(m["verdict"] is None for m in split["metrics"].values())
-    assert split["metrics"]["ttft_mean"]["canary"] > split["metrics"]["ttft_mean"]["baseline"]
-    assert "windows of at least 4 x the p90 end-to-end latency (1.00 s)" in split["window_reason"]
-    assert "too short to compare (no verdict)" in split["window_reason"]
-    assert "too short to compare" in format_canary("c", split)
-    twin = compare_arms(arm(1.0), arm(1.5), split=False)
-    assert twin["windows"] == 5 and twin["verdict"] == "worse"
+    split = compare_arms(*arms(400, behind=0.02))  # falls 0.2 s behind over the run
+    assert split["interval_model"] == ACCUMULATING and split["windows"] == 9  # 9.9 s / 1 s: 9; 800 // 20: 40
+    assert "windows of at least 4 x the p90 end-to-end latency" in split["window_reason"]
+    assert "taken as accumulating: 9 windows of at least the p90 time in service (1.00 s)" in split["window_reason"]
+    assert split["verdict"] == WORSE and split["metrics"]["ttft_mean"]["verdict"] == WORSE
+    assert split["metrics"]["tpot_mean"]["verdict"] == NO_DIFFERENCE
+    # a steady level (TTFT 1.5 times from the first window on) is the model's conservative side: the
+    # first increment carries it all, and the increments' spread with it
+    level = compare_arms(*arms(400, scale=1.5))
+    assert level["metrics"]["ttft_mean"]["canary"] > 1.4 * level["metrics"]["ttft_mean"]["baseline"]
+    assert level["verdict"] == NO_DIFFERENCE
+    few = compare_arms(*arms(45, scale=1.5))  # 90 requests: 4 windows of 20
+    assert few["interval_model"] == ACCUMULATING and few["windows"] == 4 and few["verdict"] is None
+    assert all(m["verdict"] is None for m in few["metrics"].values())
+    assert few["metrics"]["ttft_mean"]["canary"] > few["metrics"]["ttft_mean"]["baseline"]
+    assert "4 windows of at least 20 requests on average: fewer than 5, too short to compare (no verdict)" in few["window_reason"]
+    assert "too short to compare" in format_canary("c", few)
+    twin = compare_arms(*arms(400, scale=1.5), split=False)
+    assert twin["interval_model"] == WINDOW_BOOTSTRAP and twin["windows"] == 5 and twin["verdict"] == WORSE
+
+
+def _queued(arrival, service, tokens, servers: int):
+    """The requests of one arm served first come first served by `servers` slots (each request
+    holds one for its whole service time, the first tenth of it prefill): what a continuous
+    batcher with `max_num_seqs` = servers does to a queue, without the engine."""
+    import numpy as np
+
+    from metroline.core.results.canary import ArmSamples
+
+    free = np.zeros(servers)
+    rows = []
+    for a, s, n in zip(arrival, service, tokens):
+        slot = int(free.argmin())
+        start = max(a, free[slot])
+        free[slot] = start + s
+        rows.append((a, start - a + 0.1 * s, 0.9 * s / (n - 1), start + s - a))
+    return ArmSamples(rows)
+
+
+def _queued_canary(seed: int, canary_servers: int) -> dict:
+    """One split canary past capacity by construction: 400 requests at 17.6/s, every other one to
+    each arm, each arm 8 slots (load 1.05: the queues grow and drift apart), the canary
+    `canary_servers`."""
+    import numpy as np
+
+    from metroline.core.results.canary import compare_arms
+
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1 / 17.6, 400))
+    service = rng.lognormal(np.log(0.8), 0.6, 400)
+    tokens = rng.integers(2, 200, 400)
+    arm = (slice(0, None, 2), slice(1, None, 2))
+    return compare_arms(_queued(arrival[arm[0]], service[arm[0]], tokens[arm[0]], 8),
+                        _queued(arrival[arm[1]], service[arm[1]], tokens[arm[1]], canary_servers))
+
+
+def test_past_capacity_an_a_a_split_holds_its_level_and_half_the_slots_is_called_worse():
+    """The split comparison past capacity (where windows of 4 lifetimes never fit: the accumulating
+    model), on queues built to be identical or not: 100 A/A draws (both arms 8 slots) are called
+    different in at most 5% overall and for each metric; with the canary's slots halved (as
+    `max_num_seqs` halved) every draw is called worse."""
+    from metroline.core.results.canary import ACCUMULATING, CANARY_METRICS
+
+    draws = 100
+    same = [_queued_canary(seed, 8) for seed in range(draws)]
+    assert {c["interval_model"] for c in same} == {ACCUMULATING} and min(c["windows"] for c in same) >= 5
+    false = {key: sum(c["metrics"][key]["verdict"] != NO_DIFFERENCE for c in same) for key, _, _ in CANARY_METRICS}
+    false["overall"] = sum(c["verdict"] != NO_DIFFERENCE for c in same)
+    print(f"A/A past capacity, {draws} draws, false verdicts: {false}")
+    assert max(false.values()) <= 0.05 * draws, false
+    halved = [_queued_canary(seed, 4) for seed in range(draws)]
+    worse = sum(c["verdict"] == WORSE for c in halved)
+    print(f"half the slots: worse in {worse} of {draws}")
+    assert worse == draws

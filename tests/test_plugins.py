@@ -460,6 +460,67 @@ def test_an_invalid_answer_through_a_wrapper_names_both():
     _run_expecting_plugin_error(engine, "defaults (through wrapper truncate)", "sample", "expected a list of 1")
 
 
+class SlowWrapper:
+    """A new-style wrapper of `sample` that sleeps `before` its yield and `after` it."""
+
+    name = "slow_wrapper"
+
+    def __init__(self, before: float = 0.0, after: float = 0.0) -> None:
+        self.before, self.after = before, after
+
+    @hookimpl(wrapper=True)
+    def sample(self):
+        import time
+
+        time.sleep(self.before)
+        tokens = yield
+        time.sleep(self.after)
+        return tokens
+
+
+class SlowOldWrapper:
+    """An old-style `hookwrapper` of `sample` that sleeps after its yield."""
+
+    name = "slow_old_wrapper"
+
+    @hookimpl(hookwrapper=True)
+    def sample(self):
+        import time
+
+        yield
+        time.sleep(1.0)
+
+
+@pytest.mark.filterwarnings("ignore::pluggy.PluggyTeardownRaisedWarning")  # pluggy's note on the old style's error
+@pytest.mark.parametrize("plugin", [SlowWrapper(before=1.0), SlowWrapper(after=1.0), SlowOldWrapper()],
+                         ids=["before its yield", "after its yield", "old style"])
+def test_a_wrapper_plugins_own_time_counts_against_the_hook_budget(plugin):
+    """A wrapper's code before and after its `yield` is timed as the wrapper's call (a 1 s sleep
+    against a 0.5 s budget, which every other call of the step stays far below: the error names
+    the wrapper, not the implementation it wraps)."""
+    engine = make_engine(plugins=[plugin])
+    engine.plugins.watch.budget_s = 0.5
+    engine.add_request(request("a", 4))
+    err = _run_expecting_plugin_error(engine, plugin.name, "sample", "over the hook budget of 0.5 s (hook_budget_s)")
+    assert float(err.problem.split("took ")[1].split(" s")[0]) >= 1.0
+    assert engine.plugins.watch.overruns == {(plugin.name, "sample"): 1}
+
+
+def test_a_quick_wrapper_under_the_budget_answers_as_without_one():
+    """Timed in parts, a wrapper still gets the tokens sampled below it and its answer stands."""
+    tokens = []
+    for budget in (30.0, None):
+        engine = make_engine(plugins=[SlowWrapper()])
+        engine.plugins.watch.budget_s = budget
+        engine.add_request(request("a", 4, max_new=5))
+        outputs = []
+        while engine.has_unfinished():
+            outputs += engine.step()
+        tokens.append([o.new_token_ids for o in outputs if o.seq.request_id == "a"])
+        assert engine.plugins.watch.overruns == {}
+    assert tokens[0] == tokens[1] and sum(len(t) for t in tokens[0]) == 5
+
+
 # --- stacking: a wrapper that filters admission, and precedence -----------------------------------
 
 

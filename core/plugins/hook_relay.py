@@ -79,13 +79,16 @@ def attributed(
 
 def attributed_wrapper(
     fn: Any, plugin: str, hook: str, new_style: bool,
-    answerer: dict[str, str] | None = None, answered: dict[str, Any] | None = None,
+    answerer: dict[str, str] | None = None, answered: dict[str, Any] | None = None, watch: HookWatch | None = None,
 ) -> Any:
     """A wrapper implementation (`wrapper=True`, or old-style `hookwrapper=True`) wrapped so that an
     exception it raises names the plugin and the hook, and an answer it gives is checked
     (`answers.CHECKS`) as the wrapper's own: a new-style wrapper's return value, or the result an
     old-style one forced (`outcome.force_result`). For an edge hook (`check_request`) an answer
-    that is not the one recorded below it in `answered` is the wrapper's: `answerer` names it."""
+    that is not the one recorded below it in `answered` is the wrapper's: `answerer` names it.
+    With a `watch` whose budget is set, each of the wrapper's own parts (up to its `yield`, and
+    from it to its end) is timed against it as a call of its own (`timed_parts`)."""
+    fn = timed_parts(fn, plugin, hook, watch)
     check = answers.CHECKS.get(hook)
     if hook in hookspecs.EDGE_HOOKS and answerer is not None and answered is not None:
         check = _claimed(check, hook, answerer, answered)
@@ -105,6 +108,45 @@ def attributed_wrapper(
         return result
 
     return call
+
+
+def timed_parts(fn: Any, plugin: str, hook: str, watch: HookWatch | None) -> Any:
+    """`fn`, a wrapper implementation (a generator function), with each part of its own code timed
+    by `watch` as a call of `plugin`'s `hook` (so the budget ends, and the watchdog interrupts, a
+    wrapper that sleeps before or after its `yield`): the part up to the `yield`, and the part that
+    runs once the implementations it wraps have answered (or raised). Those implementations run
+    between the parts and are timed as their own calls, not as the wrapper's."""
+    if watch is None:
+        return fn
+
+    @functools.wraps(fn)
+    def parts(*args: Any, **kwargs: Any) -> Any:
+        if watch.budget_s is None:
+            return (yield from fn(*args, **kwargs))
+        gen = fn(*args, **kwargs)  # a generator: nothing of the plugin's code has run yet
+        done, value = watch.call(plugin, hook, _resumed, (gen.send, None), {})
+        while not done:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                gen.close()
+                raise
+            except BaseException as exc:  # what the wrapped implementations raised, for the wrapper
+                done, value = watch.call(plugin, hook, _resumed, (gen.throw, exc), {})
+            else:
+                done, value = watch.call(plugin, hook, _resumed, (gen.send, sent), {})
+        return value
+
+    return parts
+
+
+def _resumed(resume: Any, value: Any) -> tuple[bool, Any]:
+    """(False, what a generator yielded next) or (True, what it returned) on `resume(value)`
+    (its `send` or `throw`): its end is an answer, not an exception, so the time is checked."""
+    try:
+        return False, resume(value)
+    except StopIteration as stop:
+        return True, stop.value
 
 
 def _claimed(check: Any, hook: str, answerer: dict[str, str], answered: dict[str, Any]) -> Any:

@@ -6,7 +6,9 @@ holds up every request of the step; the budget bounds that. `HookWatch` is the p
 (`PluginManager.watch`); its budget is None (off) until a server sets one (`[serve]
 hook_budget_s`; a replay has no budget: its clock is simulated).
 
-- **Timed.** `hook_relay.attributed` calls each implementation through `HookWatch.call`: a call
+- **Timed.** `hook_relay.attributed` calls each implementation through `HookWatch.call`, and
+  `hook_relay.timed_parts` each part of a wrapper's own code (up to its `yield`, and after it; the
+  implementations it wraps are timed as their own calls, in between): a call
   that returns after more than `budget_s` seconds is turned into a `PluginError` ("took 2.31 s,
   over the hook budget of 1 s"), which then fails what any error of that hook fails (its request
   alone for `check_request`, `on_arrival` and `estimate_output_tokens`; see "Plugin errors" in

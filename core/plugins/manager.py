@@ -108,7 +108,7 @@ class PluginManager:
                     continue
                 if hook_impl.wrapper or hook_impl.hookwrapper:
                     hook_impl.function = attributed_wrapper(
-                        hook_impl.function, name, impl.name, hook_impl.wrapper, self._answerer, self._answered
+                        hook_impl.function, name, impl.name, hook_impl.wrapper, self._answerer, self._answered, self.watch
                     )
                 else:
                     hook_impl.function = attributed(

@@ -227,7 +227,8 @@ def reset(transport: Any) -> None:
     """Close the connection at once, dropping what its socket holds (a reset, not a close that
     waits to send it)."""
     sock = transport.get_extra_info("socket")
-    with contextlib.suppress(AttributeError, OSError):
+    # ValueError: uvloop's stand-in socket of a connection its client already closed (no descriptor)
+    with contextlib.suppress(AttributeError, OSError, ValueError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
 
