@@ -90,17 +90,8 @@ class AdmissionQueue(RequestQueue):
             self._pulled = 0
             self._limit = 2 * (len(self._members) + len(bridge.running)) + 8
         bridge.settle_popped(self.popped)
-        request_of, members, candidates = bridge.request_of, self._members, self._iter
-        while True:
-            try:
-                seq = next(candidates, None)
-            except PluginError:
-                raise
-            except Exception as exc:  # the policy's generator raised while yielding
-                raise bridge.plugins.invalid(
-                    "admission", f"its candidates raised {type(exc).__name__}: {exc}") from exc
-            if seq is None:
-                return None
+        request_of, members = bridge.request_of, self._members
+        for seq in self._iter:  # checked by the relay: an exception while yielding is a PluginError
             self._pulled += 1
             if self._pulled > self._limit:
                 raise bridge.plugins.invalid(
@@ -110,6 +101,7 @@ class AdmissionQueue(RequestQueue):
                 raise bridge.plugins.invalid("admission", f"candidate {seq!r} is not a request of this engine")
             if seq.state is WAITING and request in members:
                 return request
+        return None
 
     def _peek(self) -> Any:
         if self._head is None:
