@@ -177,20 +177,22 @@ class _MetrolineSchedulerMixin:
 
     def _failed_step(self, error: PluginError, *args: Any, **kwargs: Any) -> Any:
         """A plugin error of no one request interrupted the step: the requests it may have left in
-        doubt fail (every running request, those the step popped from the waiting queue or
-        preempted, the step's arrivals' included), and the step schedules nothing more: vLLM's
-        step runs on an empty running list and closed waiting queue, so that its output carries
-        what vLLM owes the workers (the finished and preempted requests) and the next output ends
-        the failed requests as errors."""
+        doubt fail (every running request, those the step admitted included, and those it
+        preempted), and the step schedules nothing more: vLLM's step runs again on an empty
+        running list and a closed waiting queue, so that its output carries what vLLM owes the
+        workers (the finished and preempted requests), and the next output ends the failed
+        requests as errors. Waiting requests that never ran stay queued (those vLLM had popped
+        and skipped are put back)."""
         bridge, members = self.metroline, self.waiting
         lost = [r for r in self.requests.values()
-                if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) and r not in members
-                and r not in self.kv_holding_waiting]
-        if lost:  # popped by the interrupted step and not put back: in the queue again until vLLM ends them
+                if not r.is_finished() and r.status not in (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_STREAMING_REQ)
+                and r not in members and r not in self.kv_holding_waiting]
+        if lost:  # popped and skipped by the interrupted step, which would have put them back
             members.prepend_requests(lost)
         plan = bridge.plan
-        doubt = [*self.running, *lost, *(bridge.request_of[s] for s in (plan.preempted if plan else ())
-                                        if s in bridge.request_of)]
+        doubt = list(self.running)
+        if plan is not None:
+            doubt += [bridge.request_of[s] for s in plan.preempted if s in bridge.request_of]
         bridge.fail_in_doubt(error, doubt)
         bridge.plan = None
         running = self.running

@@ -149,6 +149,9 @@ class AdmissionQueue(RequestQueue):
             return bool(self._members)
         return self._peek() is not None
 
+    def __contains__(self, request: Any) -> bool:
+        return request in self._members
+
     def __len__(self) -> int:
         return len(self._members)
 

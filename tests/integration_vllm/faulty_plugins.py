@@ -90,3 +90,29 @@ class TokensRaise:
             self.raised = True
             RAISED.append(("on_tokens", sorted(s.request_id for s in seqs)))
             raise RuntimeError("on_tokens is broken")
+
+
+class AdmissionRaises:
+    """Admission in arrival order that, once, at a step with requests running and two or more
+    waiting, yields the first waiting request and raises when the next is pulled (vLLM has
+    admitted the first by then): an error of no one request in the middle of vLLM's step; the
+    raise is recorded in `RAISED` with the running requests then (the one admitted included)."""
+
+    name = "admission_raises"
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    @hookimpl
+    def admission(self, ctx):
+        waiting = list(ctx.waiting)
+        if self.raised or len(waiting) < 2 or not ctx.running:
+            return waiting
+
+        def candidates():
+            yield waiting[0]
+            self.raised = True
+            RAISED.append(("admission", sorted(s.request_id for s in ctx.running)))
+            raise RuntimeError("admission is broken")
+
+        return candidates()

@@ -8,8 +8,9 @@ with the referee harness's fake model runner and step clock.
   and no token, the error logged naming the plugin, the hook and the request; every other request
   is scheduled step for step as vLLM's own scheduler schedules the workload without it, and gets
   its whole output; no KV block stays held.
-- A plugin error of no one request (`select_victim` raising; `on_tokens` raising) fails exactly
-  the requests it left in doubt; the others complete.
+- A plugin error of no one request (`select_victim` raising, `admission` raising in the middle of
+  vLLM's step, `on_tokens` raising) fails exactly the requests it left in doubt; the others
+  complete.
 - `MetrolineAsyncScheduler` with its default stack schedules every step as vLLM's `AsyncScheduler`.
 
 Needs vLLM (skipped without it)."""
@@ -42,6 +43,7 @@ FAULTY = "metroline.tests.integration_vllm.faulty_plugins:Faulty"
 ASKS = "metroline.tests.integration_vllm.faulty_plugins:AsksEstimates"
 VICTIM = "metroline.tests.integration_vllm.faulty_plugins:VictimRaises"
 TOKENS = "metroline.tests.integration_vllm.faulty_plugins:TokensRaise"
+ADMISSION = "metroline.tests.integration_vllm.faulty_plugins:AdmissionRaises"
 BAD = 3  # the request that fails in the workload below
 
 ENGINE = {"num_blocks": 64, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 128,
@@ -151,6 +153,18 @@ def test_a_select_victim_error_of_no_request_fails_the_running_requests_and_the_
     assert_whole(seen, work, in_doubt)  # exactly those running when it raised fail
     assert len(in_doubt) < len(work.items)  # and the engine served the others to their end
     assert_clean(scheduler, engine)
+
+
+def test_an_admission_error_of_no_request_in_vllms_step_fails_the_running_and_the_engine_serves_on(model_dir):
+    faulty_plugins.RAISED.clear()
+    scheduler = loop.build(ENGINE, model_dir, MetrolineScheduler, {"policy": "fcfs", "plugins": [ADMISSION]})
+    work = workload()
+    seen = loop.drive(scheduler, work, 0.01)
+    [(_, running)] = faulty_plugins.RAISED
+    assert len(running) >= 2  # one running before the step, one admitted by it
+    assert_whole(seen, work, set(running))
+    assert len(running) < len(work.items)
+    assert_clean(scheduler, ENGINE)
 
 
 def test_an_on_tokens_error_of_no_request_fails_that_steps_sampled_requests_only(model_dir):
