@@ -20,6 +20,11 @@ vLLM's code:
 - the step's token budget and chunk cap are `split_budget`'s for the step.
 
 `check_request` is asked in `add_request`; the observers hear of vLLM's events.
+
+A plugin error never reaches vLLM's engine loop: an error of one request fails that request
+(`Bridge.fail`), one of no request fails the requests it left in doubt (`_failed_step`, and
+`Bridge.observed` for the observers); vLLM ends them as errors at its next output, through its
+own path for requests it fails (docs/guide/vllm.md, "When a plugin fails").
 """
 
 from __future__ import annotations
