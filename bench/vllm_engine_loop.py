@@ -112,8 +112,8 @@ def drive(scheduler, workload, step_time: float, asynchronous: bool = False, ext
             # the scheduler advanced num_computed_tokens already: a token when the step reaches the
             # request's known tokens (is_prefill_chunk is vLLM's mark of a step inside the prompt)
             sampled = [[] if requests[r].is_prefill_chunk else [1] for r in req_ids]
-            batches.appendleft((out, ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: k for k, r in enumerate(req_ids)},
-                                                       sampled_token_ids=sampled)))
+            index = {r: k for k, r in enumerate(req_ids)}
+            batches.appendleft((out, ModelRunnerOutput(req_ids=req_ids, req_id_to_index=index, sampled_token_ids=sampled)))
             executed = bool(scheduled)
             if executed:
                 seen.steps += 1

@@ -189,8 +189,8 @@ class _MetrolineSchedulerMixin:
         requests as errors. Waiting requests that never ran stay queued (those vLLM had popped
         and skipped are put back)."""
         bridge, members = self.metroline, self.waiting
-        lost = [r for r in self.requests.values()
-                if not r.is_finished() and r.status not in (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_STREAMING_REQ)
+        elsewhere = (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_STREAMING_REQ)
+        lost = [r for r in self.requests.values() if not r.is_finished() and r.status not in elsewhere
                 and r not in members and r not in self.kv_holding_waiting]
         if lost:  # popped and skipped by the interrupted step, which would have put them back
             members.prepend_requests(lost)
