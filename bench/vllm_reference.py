@@ -95,6 +95,8 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path, scheduler_cls=Non
                         device_config=DeviceConfig(device="cpu"),
                         speculative_config=vllm_speculative_config(getattr(args, "speculative_config", None), model),
                         **({"additional_config": additional_config} if additional_config else {}))
+    if getattr(args, "async_scheduling", False):  # vLLM's config turns it off on CPU; its scheduler runs anyway
+        config.scheduler_config.async_scheduling = True
     spec = FullAttentionSpec(block_size=args.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=args.num_blocks + 1, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])

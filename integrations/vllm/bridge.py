@@ -53,8 +53,13 @@ class Bridge:
         self.request_of: dict[Sequence, Any] = {}
         self.arrived: list[Sequence] = []
         self.refused: dict[str, str] = {}
-        """Request id -> why: requests refused (`check_request`) or failed by a plugin of theirs
-        alone (`on_arrival`), to be ended as errors by the scheduler's next output."""
+        """Request id -> why: requests refused at `add_request` (`check_request` refused or
+        raised, or a bad field) that never arrived; the scheduler ends them as errors."""
+        self.failed: dict[str, str] = {}
+        """Request id -> the error: requests a plugin error ended after they arrived (an error of
+        their own, or one that left them in doubt, `fail`), until vLLM has ended them as errors
+        (`finished`, which tells `on_finished`). The scheduler hands them to vLLM and serves them
+        no token meanwhile."""
         self.plan: StepPlan | None = None
         self.admissions = 0
         self.arrivals = 0
@@ -81,7 +86,10 @@ class Bridge:
             self.seqs[seq.request_id] = seq
             self.request_of[seq] = request
             self.ctx.now = self.clock()
-            reason = self.plugins.refusal(self.ctx, seq)
+            try:
+                reason = self.plugins.refusal(self.ctx, seq)
+            except PluginError as exc:  # check_request raised: this request's error alone
+                reason = f"PluginError: {exc.for_request(seq.request_id)}"
         if reason is not None:
             log.error("metroline refused request %s: %s", request.request_id, reason)
             self.refused[request.request_id] = reason
@@ -113,21 +121,83 @@ class Bridge:
             announce_arrivals(self.plugins, ctx, arrived, self._refuse_arrival)
 
     def _refuse_arrival(self, seq: Sequence, err: PluginError) -> None:
-        """An `on_arrival` error of `seq` alone: logged, and the request refused at its next sight."""
-        log.error("metroline: %s", err)
-        self.refused[seq.request_id] = f"PluginError: {err}"
+        """An `on_arrival` error of `seq` alone: its request fails (`fail`)."""
+        self.fail(seq, err)
+
+    # --- failures ------------------------------------------------------------------------------
+
+    def fail(self, seq: Sequence, error: PluginError) -> None:
+        """End `seq`'s request as failed by `error` (a plugin error of that request alone, or one
+        that left it in doubt): logged, taken out of the plugins' queues now, and recorded in
+        `failed` for the scheduler, which serves it no more tokens and has vLLM end it as an error
+        (its blocks freed, the client told); `on_finished` hears of it then."""
+        if seq.state is FINISHED:
+            return
+        text = f"PluginError: {error}"
+        log.error("metroline: request %s failed: %s", seq.request_id, text)
+        self.failed[seq.request_id] = text
+        self.running.pop(seq, None)
         self.waiting.pop(seq, None)
         seq.state = FINISHED
         seq.finish_reason = FinishReason.FAILED
+        seq.error = text
+
+    def failed_request(self, exc: PluginError) -> Sequence | None:
+        """The live sequence `exc` is attributed to (`PluginError.request_id`), or None: an error
+        of no request, or of one that has ended."""
+        rid = exc.request_id
+        seq = self.seqs.get(rid) if rid is not None else None
+        return seq if seq is not None and seq.state is not FINISHED else None
+
+    def attempt(self, call: Callable[[], Any]) -> Any:
+        """`call()` (a hook call); after a `PluginError` of one live request, that request fails
+        (`fail`) and the hook is asked again without it. An error of no request is raised."""
+        while True:
+            try:
+                return call()
+            except PluginError as exc:
+                seq = self.failed_request(exc)
+                if seq is None:
+                    raise
+                self.fail(seq, exc)
+
+    def fail_in_doubt(self, error: PluginError, requests: list[Any]) -> None:
+        """A plugin error of no one request interrupted the step: `requests` (vLLM's), those it
+        may have left in doubt, fail."""
+        log.error("metroline: %s (the step's requests in doubt fail: %d)", error, len(requests))
+        seqs = self.seqs
+        for request in requests:
+            seq = seqs.get(request.request_id)
+            if seq is not None:
+                self.fail(seq, error)
+
+    def observed(self, call: Callable[[], Any], concerned: Callable[[], list[Sequence]]) -> None:
+        """`call()`, an observer hook telling of requests vLLM has already scheduled or ended: a
+        `PluginError` fails its own request, or, of no request, the `concerned()` ones (their
+        policy may have missed the event); it never reaches vLLM."""
+        try:
+            call()
+        except PluginError as exc:
+            seq = self.failed_request(exc)
+            if seq is not None:
+                self.fail(seq, exc)
+                return
+            log.error("metroline: %s", exc)
+            for seq in concerned():
+                self.fail(seq, exc)
 
     def split(self, budget: int) -> Split:
         """The plugins' split of the step's `budget` (`split_budget`), checked as metroline checks
         it; a part vLLM cannot honour (`max_prefills`, `shares`) is a `PluginError`."""
         running = self.running
-        num_decoding = sum(1 for s in running if s.is_decoding)
-        answer = self.plugins.hook.split_budget(
-            ctx=self.ctx, budget=budget, num_decoding=num_decoding, num_prefilling=len(running) - num_decoding,
-            num_waiting=len(self.waiting))
+        hook = self.plugins.hook
+
+        def ask() -> Any:
+            num_decoding = sum(1 for s in running if s.is_decoding)
+            return hook.split_budget(ctx=self.ctx, budget=budget, num_decoding=num_decoding,
+                                     num_prefilling=len(running) - num_decoding, num_waiting=len(self.waiting))
+
+        answer = self.attempt(ask)
         if not isinstance(answer, tuple) or not 3 <= len(answer) <= 5:
             raise self.plugins.invalid("split_budget", f"expected Split(decode, prefill, max_chunk), got {answer!r}")
         split = Split(*answer)
@@ -144,7 +214,17 @@ class Bridge:
 
     def order_running(self, running: list[Sequence]) -> list[Sequence] | None:
         """The plugins' order of the running (`order_running`); None when it is admission order."""
-        answer = self.plugins.hook.order_running(ctx=self.ctx, running=running)
+        hook = self.plugins.hook
+        while True:
+            try:
+                answer = hook.order_running(ctx=self.ctx, running=running)
+                break
+            except PluginError as exc:  # one request's error: it fails, the others are ordered without it
+                seq = self.failed_request(exc)
+                if seq is None:
+                    raise
+                self.fail(seq, exc)
+                running = [s for s in running if s.state is not FINISHED]
         if answer is running:
             return None
         order = list(answer)
@@ -162,7 +242,18 @@ class Bridge:
         """The vLLM request to preempt so that the running `request` gets its blocks
         (`select_victim`, reason "blocks"): the requester itself when the plugins name none."""
         requester = self.seqs[request.request_id]
-        answer = self.plugins.hook.select_victim(ctx=self.ctx, requester=requester, reason="blocks")
+        hook = self.plugins.hook
+        while True:
+            try:
+                answer = hook.select_victim(ctx=self.ctx, requester=requester, reason="blocks")
+                break
+            except PluginError as exc:  # one request's error: it fails; the requester's own ends its turn
+                seq = self.failed_request(exc)
+                if seq is None:
+                    raise
+                self.fail(seq, exc)
+                if seq is requester:
+                    return request
         if answer is None:
             return request
         if isinstance(answer, Preempt):
@@ -178,6 +269,8 @@ class Bridge:
         """vLLM preempted `request` (recompute): its sequence goes back to waiting."""
         seq = self.seqs[request.request_id]
         self.running.pop(seq, None)
+        if seq.state is FINISHED:  # a failed request its own victim: vLLM ends it
+            return
         mirror.preempted(seq)
         self.waiting[seq] = None
         if self.plan is not None:
@@ -221,9 +314,11 @@ class Bridge:
                 seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         hook = self.plugins.hook
         if plan.admitted:
-            hook.on_admitted(ctx=self.ctx, seqs=list(plan.admitted))
+            admitted = list(plan.admitted)
+            self.observed(lambda: hook.on_admitted(ctx=self.ctx, seqs=admitted), lambda: admitted)
         if plan.preempted:
-            hook.on_preempted(ctx=self.ctx, seqs=list(plan.preempted))
+            preempted = list(plan.preempted)
+            self.observed(lambda: hook.on_preempted(ctx=self.ctx, seqs=preempted), lambda: preempted)
 
     def end_step(self, requests: list[Any]) -> None:
         """vLLM's output for the step: the scheduled `requests`' new tokens (`on_tokens`), the
@@ -235,7 +330,11 @@ class Bridge:
         got, ended = [], []
         for request in requests:
             seq = seqs.get(request.request_id)
-            if seq is None or seq.state is FINISHED:
+            if seq is None:
+                continue
+            if seq.state is FINISHED:  # failed: ended here if vLLM ended it first (a stop in this step)
+                if request.is_finished() and seq in self.request_of:
+                    ended.append((seq, request))
                 continue
             if mirror.catch_up(seq, request):
                 got.append(seq)
@@ -247,8 +346,8 @@ class Bridge:
         plan.sample_seqs = got
         hook = self.plugins.hook
         if got:
-            hook.on_tokens(ctx=ctx, seqs=got)
-        hook.on_step_end(ctx=ctx, plan=plan)
+            self.observed(lambda: hook.on_tokens(ctx=ctx, seqs=got), lambda: got)
+        self.observed(lambda: hook.on_step_end(ctx=ctx, plan=plan), lambda: planned(plan))
         if ended:
             self.finished(ended)
 
@@ -265,9 +364,10 @@ class Bridge:
             seq.finish_time = self.ctx.now
             self.request_of.pop(seq, None)
             self.seqs.pop(seq.request_id, None)
+            self.failed.pop(seq.request_id, None)
             seqs.append(seq)
         if seqs:
-            self.plugins.hook.on_finished(ctx=self.ctx, seqs=seqs)
+            self.observed(lambda: self.plugins.hook.on_finished(ctx=self.ctx, seqs=seqs), list)
 
     def forget(self, request_id: str) -> None:
         """A refused or failed request is done with (it never ran)."""
@@ -275,6 +375,12 @@ class Bridge:
         if seq is not None:
             self.request_of.pop(seq, None)
             self.waiting.pop(seq, None)
+
+
+def planned(plan: StepPlan) -> list[Sequence]:
+    """The live sequences of a step's plan (scheduled, admitted, preempted): those an
+    `on_step_end` error leaves in doubt."""
+    return [s for s in dict.fromkeys([*plan.scheduled, *plan.admitted, *plan.preempted]) if s.state is not FINISHED]
 
 
 def finish_reason(request: Any) -> FinishReason:

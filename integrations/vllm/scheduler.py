@@ -20,6 +20,11 @@ vLLM's code:
 - the step's token budget and chunk cap are `split_budget`'s for the step.
 
 `check_request` is asked in `add_request`; the observers hear of vLLM's events.
+
+A plugin error never reaches vLLM's engine loop: an error of one request fails that request
+(`Bridge.fail`), one of no request fails the requests it left in doubt (`_failed_step`, and
+`Bridge.observed` for the observers); vLLM ends them as errors at its next output, through its
+own path for requests it fails (docs/guide/vllm.md, "When a plugin fails").
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
+
+from metroline.core.errors import PluginError
 
 from .bridge import Bridge
 from .kv_view import VllmKVView
@@ -114,39 +121,93 @@ class _MetrolineSchedulerMixin:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         bridge = self.metroline
-        self._fail_refused()
+        self._end_failed()
+        try:
+            out = self._schedule(*args, **kwargs)
+        except PluginError as exc:  # an error of no one request (those of one request failed it alone)
+            out = self._failed_step(exc, *args, **kwargs)
+        if bridge.failed:
+            self._end_failed()
+        return out
+
+    def _schedule(self, *args: Any, **kwargs: Any) -> Any:
+        bridge = self.metroline
         bridge.begin_step(self.running)
         budget = self.max_num_scheduled_tokens
         sched_config = self.scheduler_config
         threshold = sched_config.long_prefill_token_threshold
-        split = bridge.split(budget)
-        chunk, step_budget = split.max_chunk, split.decode + split.prefill
-        if chunk != bridge.default_chunk():
-            sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
-            if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
-                step_budget = min(step_budget, chunk)
-        self.max_num_scheduled_tokens = step_budget
         left_out: list[Any] = []
-        if self.running:
-            seqs = bridge.seqs
-            order = bridge.order_running([seqs[r.request_id] for r in self.running])
-            if order is not None:
-                request_of = bridge.request_of
-                ordered = [request_of[s] for s in order]
-                chosen = set(ordered)
-                left_out = [r for r in self.running if r not in chosen]
-                self.running = ordered
-        self.waiting.open_step()
         try:
-            out = super().schedule(*args, **kwargs)
+            split = bridge.split(budget)
+            chunk, step_budget = split.max_chunk, split.decode + split.prefill
+            if chunk != bridge.default_chunk():
+                sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
+                if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
+                    step_budget = min(step_budget, chunk)
+            self.max_num_scheduled_tokens = step_budget
+            if self.running:
+                seqs = bridge.seqs
+                if bridge.failed:  # failed requests get no tokens; vLLM ends them at its next output
+                    self._leave_out_failed(left_out)
+                order = bridge.order_running([seqs[r.request_id] for r in self.running]) if self.running else None
+                if order is not None:
+                    request_of = bridge.request_of
+                    ordered = [request_of[s] for s in order]
+                    chosen = set(ordered)
+                    left_out += [r for r in self.running if r not in chosen]
+                    self.running = ordered
+                if bridge.failed:
+                    self._leave_out_failed(left_out)
+            self.waiting.open_step()
+            try:
+                out = super().schedule(*args, **kwargs)
+            finally:
+                self.waiting.close_step()
         finally:
-            self.waiting.close_step()
             self._unmark_victim()
             self.max_num_scheduled_tokens = budget
             sched_config.long_prefill_token_threshold = threshold
             if left_out or self.running:
                 self._restore_admission_order(left_out)
         bridge.scheduled(out.num_scheduled_tokens)
+        return out
+
+    def _leave_out_failed(self, left_out: list[Any]) -> None:
+        """Move the running requests that failed from the step's running list to `left_out`."""
+        failed = self.metroline.failed
+        keep = [r for r in self.running if r.request_id not in failed]
+        if len(keep) != len(self.running):
+            left_out += [r for r in self.running if r.request_id in failed]
+            self.running = keep
+
+    def _failed_step(self, error: PluginError, *args: Any, **kwargs: Any) -> Any:
+        """A plugin error of no one request interrupted the step: the requests it may have left in
+        doubt fail (every running request, those the step admitted included, and those it
+        preempted), and the step schedules nothing more: vLLM's step runs again on an empty
+        running list and a closed waiting queue, so that its output carries what vLLM owes the
+        workers (the finished and preempted requests), and the next output ends the failed
+        requests as errors. Waiting requests that never ran stay queued (those vLLM had popped
+        and skipped are put back)."""
+        bridge, members = self.metroline, self.waiting
+        elsewhere = (RequestStatus.RUNNING, RequestStatus.WAITING_FOR_STREAMING_REQ)
+        lost = [r for r in self.requests.values() if not r.is_finished() and r.status not in elsewhere
+                and r not in members and r not in self.kv_holding_waiting]
+        if lost:  # popped and skipped by the interrupted step, which would have put them back
+            members.prepend_requests(lost)
+        plan = bridge.plan
+        doubt = list(self.running)
+        if plan is not None:
+            doubt += [bridge.request_of[s] for s in plan.preempted if s in bridge.request_of]
+        bridge.fail_in_doubt(error, doubt)
+        bridge.plan = None
+        running = self.running
+        self.running = []
+        self.waiting.open_step(closed=True)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting.close_step()
+            self.running = running + self.running
         return out
 
     def _restore_admission_order(self, left_out: list[Any]) -> None:
@@ -163,17 +224,23 @@ class _MetrolineSchedulerMixin:
         live = bridge.seqs
         bridge.end_step([bridge.request_of[live[rid]] for rid in scheduler_output.num_scheduled_tokens
                          if rid in live and live[rid] in bridge.request_of])
+        if bridge.failed:
+            self._end_failed()
         return outputs
 
-    def _fail_refused(self) -> None:
-        """End the requests the plugins refused as errors, through vLLM's own path for requests it
-        fails (the next output carries their finish reason 'error')."""
+    def _end_failed(self) -> None:
+        """Hand vLLM the requests the plugins refused or a plugin error failed: it ends them as
+        errors at its next output, through its own path for requests it fails (their blocks
+        freed, the client told, finish reason 'error'). A refused request never arrived: it is
+        forgotten now; a failed one when vLLM has ended it (`on_finished` hears of it then)."""
         bridge = self.metroline
         if bridge.refused:
             for rid in bridge.refused:
                 bridge.forget(rid)
                 self.encoder_cache_mismatch_reqs.add(rid)
             bridge.refused.clear()
+        if bridge.failed:
+            self.encoder_cache_mismatch_reqs.update(bridge.failed)
 
 
 class MetrolineScheduler(_MetrolineSchedulerMixin, Scheduler):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 SUPPORT: dict[str, tuple[str, str]] = {
-    "check_request": ("exact", "asked at add_request; a refusal ends the request as an error (finish reason "
-                      "'error') and logs the plugin's reason"),
+    "check_request": ("exact", "asked at add_request; a refusal (or an exception) ends that request as an error "
+                      "(finish reason 'error') and logs the plugin's reason (or error)"),
     "admission": ("exact", "orders vLLM's waiting queue, pulled lazily; a head_of_line=False answer is served "
                   "head-of-line (vLLM stops admitting at the first candidate whose blocks do not fit), logged once"),
     "order_running": ("exact", "the order of vLLM's running list for the step; requests left out get no tokens"),

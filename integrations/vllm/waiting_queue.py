@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 
+from metroline.core.errors import PluginError
 from metroline.core.plugins.candidates import Candidates, close_candidates
 from metroline.core.requests.sequence import WAITING
 
@@ -37,10 +38,12 @@ class AdmissionQueue(RequestQueue):
 
     # --- the step ------------------------------------------------------------------------------
 
-    def open_step(self) -> None:
-        """The step's schedule starts: the next look at the head asks `admission`."""
+    def open_step(self, closed: bool = False) -> None:
+        """The step's schedule starts: the next look at the head asks `admission` (`closed`: the
+        step offers no candidate, and the hook is not asked)."""
         self._in_step = True
-        self._answer = self._iter = self._head = None
+        self._answer = self._head = None
+        self._iter = iter(()) if closed else None
         self.popped = []
 
     def close_step(self) -> None:
@@ -53,6 +56,23 @@ class AdmissionQueue(RequestQueue):
         self._answer = self._iter = self._head = None
 
     def _next_candidate(self) -> Any:
+        """The next waiting request of the plugins' answer, or None. A `PluginError` of one
+        request (raised while answering or pulling) fails that request, and `admission` is asked
+        again without it; an error of no request is raised."""
+        bridge = self._bridge
+        while True:
+            try:
+                return self._pull()
+            except PluginError as exc:
+                seq = bridge.failed_request(exc)
+                if seq is None:
+                    raise
+                bridge.fail(seq, exc)
+                if self._iter is not None:
+                    close_candidates(self._iter)
+                self._answer = self._iter = None
+
+    def _pull(self) -> Any:
         bridge = self._bridge
         if self._iter is None:
             if not self._members:
@@ -71,7 +91,7 @@ class AdmissionQueue(RequestQueue):
             self._limit = 2 * (len(self._members) + len(bridge.running)) + 8
         bridge.settle_popped(self.popped)
         request_of, members = bridge.request_of, self._members
-        for seq in self._iter:
+        for seq in self._iter:  # checked by the relay: an exception while yielding is a PluginError
             self._pulled += 1
             if self._pulled > self._limit:
                 raise bridge.plugins.invalid(
@@ -128,6 +148,9 @@ class AdmissionQueue(RequestQueue):
         if not self._in_step:
             return bool(self._members)
         return self._peek() is not None
+
+    def __contains__(self, request: Any) -> bool:
+        return request in self._members
 
     def __len__(self) -> int:
         return len(self._members)
