@@ -19,7 +19,7 @@ from test_deterministic import smollm2_subset  # noqa: E402
 def test_smollm2_subset_float32() -> None:
     """SmolLM2-135M on its subset (`SMOLLM2`) and a prefix hit, in float32: bitwise equal with the
     mode; and under the negative control (`test_deterministic.TileSplitControl`: the mode's attention
-    with its key splits cut in four in the tiles that companions share) some request's bits differ.
+    with its key splits cut in four in the steps that companions share) some request's bits differ.
     The control's effect cannot depend on the host: the order it changes is metroline's own code (an
     online softmax over more, shorter splits), there on any CPU, ISA level and thread count; no
     library kernel has to pick another algorithm for it. (The whole matrix runs on the

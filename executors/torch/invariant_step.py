@@ -6,15 +6,15 @@ from the shapes it is given: one decode alone (one row) and the same decode amon
 through different kernels and sum in different orders, so their logits differ in the last bits
 (and, over a long generation or at bf16, in tokens). Here a step's packed tokens (prefill chunks
 and decodes, in plan order) run through the model in one call, padded to a multiple of
-`TILE_TOKENS` rows with rows that write only a scratch block (the first of the two blocks the
-executor allocates past the pool's; the second stays zeros, see `invariant_attention`), and:
+`TILE_TOKENS` rows (one more sequence, at positions 0.., whose every block is a scratch block: the
+first of the two blocks the executor allocates past the pool's; the second stays zeros, see
+`invariant_attention`), and:
 
 - every weight product (the model's linear layers and its LM head) multiplies exactly
   `TILE_TOKENS` rows per call (`invariant_linear`): a row's sums do not depend on how many rows the
   step has nor on its place among them;
-- the attention takes the rows `TILE_TOKENS` at a time (`TiledAttention`), each tile through
-  `invariant_attention` (CPU) or `triton_invariant` (CUDA), which reduce each row over its context
-  in one order fixed by position;
+- the attention is `invariant_attention` (CPU) or `triton_invariant` (CUDA), which compute each
+  row in shapes its position fixes and reduce it over its context in one order fixed by position;
 - what remains (embeddings, norms, rotary embeddings, activations, residual adds) works row by row:
   each row's reduction over its own hidden vector, in an order its length fixes. The row count is a
   multiple of `TILE_TOKENS` (a multiple of every CPU vector width), so a pointwise kernel never
@@ -45,8 +45,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import attention, invariant_linear, linear
 
 TILE_TOKENS = invariant_linear.TILE_ROWS
-"""Rows of every weight product and of every attention tile in the deterministic mode; a step's
-rows are padded to a multiple of it (a multiple of every CPU vector width, so a pointwise kernel
+"""Rows of every weight product in the deterministic mode; a step's rows are padded to a multiple of
+it (a multiple of every CPU vector width, so a pointwise kernel
 never handles a row's tail apart from the others)."""
 
 
@@ -73,7 +73,7 @@ def _run_rows(model: Any, rows: list[tuple[int, int, int]], seqs: list[Any], bs:
     the model runs under it."""
     pad = -len(rows) % TILE_TOKENS
     ids = [t for _, t, _ in rows] + [0] * pad
-    positions = [p for _, _, p in rows] + [0] * pad
+    positions = [p for _, _, p in rows] + list(range(pad))
     slots: list[int] = []
     tables: list[list[int]] = []
     seq_lens: list[int] = []
@@ -86,69 +86,23 @@ def _run_rows(model: Any, rows: list[tuple[int, int, int]], seqs: list[Any], bs:
         tables.append(table[: p // bs + 1])
         seq_lens.append(p + 1)
         starts.append(i + 1)
-    for _ in range(pad):  # each padding row: a one-token sequence at position 0 of the scratch block
-        slots.append(scratch * bs)
-        tables.append([scratch])
-        seq_lens.append(1)
-        starts.append(starts[-1] + 1)
+    if pad:  # the padding rows: one sequence at positions 0.. whose every block is the scratch one
+        slots.extend(scratch * bs + p % bs for p in range(pad))
+        tables.append([scratch] * -(-pad // bs))
+        seq_lens.append(pad)
+        starts.append(starts[-1] + pad)
     width = max(len(t) for t in tables)
     padded = [t + [scratch] * (width - len(t)) for t in tables]
     meta = attention.StepMeta(
         torch.tensor(slots, dtype=torch.int64, device=device), torch.tensor(padded, dtype=torch.int32, device=device),
         torch.tensor(seq_lens, dtype=torch.int32, device=device), torch.tensor(starts, dtype=torch.int32, device=device),
-        kv.k_layers, kv.v_layers, TiledAttention(ops),
+        kv.k_layers, kv.v_layers, ops,
     )
     inputs = dict(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
                   use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.int64, device=device))
     with attention.active_step(meta), linear.active(), invariant_linear.row_tiles(model), trace or nullcontext():
         out = model(**inputs)
     return out.logits[0]
-
-
-class TiledAttention:
-    """The mode's attention `ops` (`invariant_attention` or `triton_invariant`, or a test's
-    stand-in with their `write_kv`, `plan_step` and `attend`) taken `TILE_TOKENS` query rows at a
-    time: `plan_step` plans each tile of the step apart (its rows, their sequences' block tables,
-    their positions) and `attend` runs the tiles one after another. A row's keys are walked in the
-    same order in any tile (the ops' own guarantee); the tiles keep each call's working set small
-    and each tile's key splits to the positions its own rows reach."""
-
-    def __init__(self, ops: Any) -> None:
-        self.ops = ops
-        self.write_kv = ops.write_kv
-
-    def plan_step(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                  block_size: int) -> list[tuple[int, int, Any]]:
-        """`[(first row, end row, the ops' plan of those rows)]` per tile of `TILE_TOKENS` rows of
-        the packed step (sequence `s` owns rows `query_start_loc[s]:query_start_loc[s+1]`, the
-        last positions of its context `seq_lens[s]`, reading blocks `block_tables[s]`)."""
-        starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-        device = block_tables.device
-        tiles = []
-        s = 0
-        for first in range(0, starts[-1], TILE_TOKENS):
-            end = min(first + TILE_TOKENS, starts[-1])
-            while starts[s + 1] <= first:
-                s += 1
-            owners, tile_lens, tile_starts = [], [], [0]
-            t = s
-            while t < len(lens) and starts[t] < end:
-                lo, hi = max(starts[t], first), min(starts[t + 1], end)
-                owners.append(t)
-                tile_lens.append(lens[t] - (starts[t + 1] - hi))  # the context after the tile's last row of t
-                tile_starts.append(tile_starts[-1] + hi - lo)
-                t += 1
-            layout = self.ops.plan_step(
-                block_tables[torch.tensor(owners, device=device)], torch.tensor(tile_lens, dtype=torch.int32, device=device),
-                torch.tensor(tile_starts, dtype=torch.int32, device=device), block_size)
-            tiles.append((first, end, layout))
-        return tiles
-
-    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tiles: list[tuple[int, int, Any]],
-               scale: float, **options: Any) -> torch.Tensor:
-        """The ops' `attend` over each tile's rows of `q: [rows, num_heads, head_dim]`, in order."""
-        return torch.cat([self.ops.attend(q[first:end], k_cache, v_cache, layout, scale, **options)
-                          for first, end, layout in tiles])
 
 
 def attention_ops(device: torch.device) -> Any:
