@@ -207,5 +207,5 @@ def attend(
             acc = acc * alpha[..., None] + torch.matmul(p, v)
             m = m_new
         res = (acc / l_sum[..., None]).view(num_kv_heads, BLOCKS_PER_CALL, QUERY_BLOCK, group, head_dim)
-        out[call.rows] = res.permute(1, 2, 0, 3, 4).reshape(BLOCKS_PER_CALL * QUERY_BLOCK, num_kv_heads, group, head_dim)
+        out[call.rows] = res.permute(1, 2, 0, 3, 4).reshape(-1, num_kv_heads, group, head_dim)
     return out[:rows].reshape(rows, num_heads, head_dim).to(q.dtype)

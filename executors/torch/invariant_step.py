@@ -93,10 +93,10 @@ def _run_rows(model: Any, rows: list[tuple[int, int, int]], seqs: list[Any], bs:
         starts.append(starts[-1] + pad)
     width = max(len(t) for t in tables)
     padded = [t + [scratch] * (width - len(t)) for t in tables]
+    int32 = dict(dtype=torch.int32, device=device)
     meta = attention.StepMeta(
-        torch.tensor(slots, dtype=torch.int64, device=device), torch.tensor(padded, dtype=torch.int32, device=device),
-        torch.tensor(seq_lens, dtype=torch.int32, device=device), torch.tensor(starts, dtype=torch.int32, device=device),
-        kv.k_layers, kv.v_layers, ops,
+        torch.tensor(slots, dtype=torch.int64, device=device), torch.tensor(padded, **int32),
+        torch.tensor(seq_lens, **int32), torch.tensor(starts, **int32), kv.k_layers, kv.v_layers, ops,
     )
     inputs = dict(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
                   use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.int64, device=device))
@@ -157,8 +157,8 @@ class _ShapeTrace(TorchDispatchMode):
             which = PRODUCT_OPS.get(name.rsplit(".", 1)[0])
             if which is not None and len(args) > which and isinstance(args[which], torch.Tensor):
                 a = args[which]
-                rows = a.shape[-2] if name.startswith(("aten.bmm", "aten.baddbmm", "aten.addbmm")) else a.numel() // max(
-                    a.shape[-1], 1)
+                batched = name.startswith(("aten.bmm", "aten.baddbmm", "aten.addbmm"))
+                rows = a.shape[-2] if batched else a.numel() // max(a.shape[-1], 1)
                 if a.shape[-1] > 1 and rows != TILE_TOKENS:
                     self.untiled.append(f"{name} on {rows} rows")
         return func(*args, **(kwargs or {}))
