@@ -22,6 +22,9 @@ import random
 import sys
 import time
 
+NUM_BLOCKS = 1024
+"""KV blocks of 16 tokens per engine: room for 64 requests of 256 tokens (with 4,096, allocated anew
+by every engine under `MALLOC_ENV`, a 3-round run reached 8.2 GB and was killed for memory)."""
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
               "MALLOC_TOP_PAD_": "536870912"}
 
@@ -37,9 +40,9 @@ def timed(ex, reqs: list[dict], deterministic: bool, warm_up: bool = True) -> tu
     from metroline.core.step.engine import Engine
 
     if warm_up:
-        eng = Engine(EngineConfig(num_blocks=4096, block_size=16, deterministic=deterministic), ex)
+        eng = Engine(EngineConfig(num_blocks=NUM_BLOCKS, block_size=16, deterministic=deterministic), ex)
         eng.generate(reqs[:2])
-    eng = Engine(EngineConfig(num_blocks=4096, block_size=16, deterministic=deterministic), ex)
+    eng = Engine(EngineConfig(num_blocks=NUM_BLOCKS, block_size=16, deterministic=deterministic), ex)
     wall, cpu = time.perf_counter(), time.process_time()
     results = eng.generate(reqs)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

@@ -5,7 +5,7 @@ position, never on the rows it shares a step with, nor on whether it is a prefil
 prompt or of a chunk) or a decode row: every row is computed in one fixed shape and reduces over
 its context in one fixed order.
 
-- A row is attended in its sequence's query block: the `QUERY_BLOCK` positions `[16 b, 16 b + 16)`
+- A row is attended in its sequence's query block: the `QUERY_BLOCK` positions (`[8 b, 8 b + 8)`)
   that hold its position, at the place its position fixes (`position % QUERY_BLOCK`); the places
   of the block whose rows the step does not hold get zero queries. The rows of one block share
   their keys, so a prompt's keys are gathered once per block rather than once per row, and a
@@ -44,9 +44,9 @@ __all__ = ["BLOCKS_PER_CALL", "KV_SPLIT", "QUERY_BLOCK", "BlockCall", "BlockLayo
 
 KV_SPLIT = 32
 """Key positions per split: the fixed reduction order of every row (a power of two)."""
-QUERY_BLOCK = 16
+QUERY_BLOCK = 8
 """Query positions per block: a row's place in its products is its position modulo this."""
-BLOCKS_PER_CALL = 8
+BLOCKS_PER_CALL = 16
 """Query blocks per product call (a step's last call is padded with empty blocks)."""
 
 

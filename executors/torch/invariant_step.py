@@ -96,13 +96,33 @@ def _run_rows(model: Any, rows: list[tuple[int, int, int]], seqs: list[Any], bs:
     int32 = dict(dtype=torch.int32, device=device)
     meta = attention.StepMeta(
         torch.tensor(slots, dtype=torch.int64, device=device), torch.tensor(padded, **int32),
-        torch.tensor(seq_lens, **int32), torch.tensor(starts, **int32), kv.k_layers, kv.v_layers, ops,
+        torch.tensor(seq_lens, **int32), torch.tensor(starts, **int32), kv.k_layers, kv.v_layers,
+        _WithoutPadding(ops, pad) if pad else ops,
     )
     inputs = dict(input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
                   use_cache=False, logits_to_keep=torch.tensor(keep, dtype=torch.int64, device=device))
     with attention.active_step(meta), linear.active(), invariant_linear.row_tiles(model), trace or nullcontext():
         out = model(**inputs)
     return out.logits[0]
+
+
+class _WithoutPadding:
+    """The mode's attention `ops` for a step whose last sequence is its `pad` padding rows: they
+    write their keys and values (to the scratch block) but are not attended; their attention
+    output is zeros (a padding row's results are never read)."""
+
+    def __init__(self, ops: Any, pad: int) -> None:
+        self.ops, self.pad = ops, pad
+        self.write_kv = ops.write_kv
+
+    def plan_step(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                  block_size: int) -> Any:
+        return self.ops.plan_step(block_tables[:-1], seq_lens[:-1], query_start_loc[:-1], block_size)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: Any, scale: float,
+               **options: Any) -> torch.Tensor:
+        out = self.ops.attend(q[:-self.pad], k_cache, v_cache, layout, scale, **options)
+        return torch.cat([out, out.new_zeros(self.pad, *out.shape[1:])])
 
 
 def attention_ops(device: torch.device) -> Any:
