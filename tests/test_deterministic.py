@@ -225,7 +225,7 @@ def test_quick_matrix_tiny_llama() -> None:
     """The quick subset on the tiny Llama (float32): bitwise equal with the mode; under the negative
     control (`TileSplitControl`) some request differs from its alone run in every scenario of the
     subset. The control cannot depend on the host: it changes the order of metroline's own float32
-    sums (`invariant_attention`'s online softmax over splits of 8 keys instead of 32) in every step
+    sums (`invariant_attention`'s online softmax over splits of 16 keys instead of 64) in every step
     that companions share, whatever the CPU's kernels, ISA level or thread count; alone, it is the
     mode, as the first request run alone under it shows."""
     ex = TorchExecutor(tiny_llama())

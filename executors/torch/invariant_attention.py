@@ -10,7 +10,7 @@ its context in one fixed order.
   of the block whose rows the step does not hold get zero queries. The rows of one block share
   their keys, so a prompt's keys are gathered once per block rather than once per row, and a
   decode row is a block with one place taken.
-- Keys are visited in splits of `KV_SPLIT` absolute positions (`[0, 32)`, `[32, 64)`, ...), in
+- Keys are visited in splits of `KV_SPLIT` absolute positions (`[0, 64)`, `[64, 128)`, ...), in
   that order, whatever the query: a split size fixed in tokens, never a number of splits chosen
   from the batch (what makes split-K attention batch-dependent).
 - The blocks of a step are attended `BLOCKS_PER_CALL` at a time (the last call padded with empty
@@ -42,7 +42,7 @@ from .reference_attention import write_kv
 __all__ = ["BLOCKS_PER_CALL", "KV_SPLIT", "QUERY_BLOCK", "BlockCall", "BlockLayout", "attend", "plan_step", "rows_of",
            "tree_sum", "write_kv"]
 
-KV_SPLIT = 32
+KV_SPLIT = 64
 """Key positions per split: the fixed reduction order of every row (a power of two)."""
 QUERY_BLOCK = 8
 """Query positions per block: a row's place in its products is its position modulo this."""
