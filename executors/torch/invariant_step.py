@@ -13,8 +13,9 @@ first of the two blocks the executor allocates past the pool's; the second stays
 - every weight product (the model's linear layers and its LM head) multiplies exactly
   `TILE_TOKENS` rows per call (`invariant_linear`): a row's sums do not depend on how many rows the
   step has nor on its place among them;
-- the attention is `invariant_attention` (CPU) or `triton_invariant` (CUDA), which compute each
-  row in shapes its position fixes and reduce it over its context in one order fixed by position;
+- the attention is `invariant_attention` (CPU: a row in a block of query positions its position
+  fixes) or `triton_invariant` (CUDA: each row alone), which reduce each row over its context in
+  one order fixed by position; the padding rows write their KV but are not attended;
 - what remains (embeddings, norms, rotary embeddings, activations, residual adds) works row by row:
   each row's reduction over its own hidden vector, in an order its length fixes. The row count is a
   multiple of `TILE_TOKENS` (a multiple of every CPU vector width), so a pointwise kernel never
