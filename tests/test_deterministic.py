@@ -7,9 +7,9 @@ GPT-NeoX's layer norms and parallel residual). Logprobs are compared by their bi
 tolerance.
 
 The negative control (`control_differences`): the same scenarios in the mode with one thing
-changed, `TileSplitControl`: a tile that holds rows of more than one sequence walks its keys in
+changed, `TileSplitControl`: a step that holds rows of more than one sequence walks its keys in
 splits of `CONTROL_SPLIT` positions instead of `KV_SPLIT` (a reduction order chosen from the
-batch, what a split-KV attention kernel does); a tile of one sequence, every alone run's, is the
+batch, what a split-KV attention kernel does); a step of one sequence, every alone run's, is the
 mode's own. The requests then differ from their alone runs, so these tests can fail. The control's
 effect cannot depend on the host: the order it changes is in metroline's own code (an online
 softmax over more, shorter splits: a new running max and a rescale of the sum and the output by
@@ -37,7 +37,7 @@ from torch_helpers import tiny_llama
 from metroline.core.config import EngineConfig
 from metroline.core.step.engine import Engine
 from metroline.executors.torch import TorchExecutor, invariant_attention
-from metroline.executors.torch.invariant_attention import KV_SPLIT, RowLayout
+from metroline.executors.torch.invariant_attention import KV_SPLIT
 from metroline.executors.torch.support import UnsupportedModel
 
 MAX_NEW = 6
@@ -65,17 +65,17 @@ SMOLLM2 = ("companions-7", "chunk-16", "recompute-7", "swap-7")
 the same 8 prompts (each of them run alone once)."""
 SMOLLM2_MAX_NEW = 3
 """Tokens each request generates on SmolLM2: the first (from the prefill) and two decodes, the
-second of which reads KV that a decode row wrote. In the mode every forward is 32 rows, so a lone
-decode costs as much as 32 prompt tokens: each token past these would add a model call to every
+second of which reads KV that a decode row wrote. In the mode every forward is a multiple of 32
+rows, so a lone decode costs as much as 32 prompt tokens: each token past these would add a model call to every
 one of the 8 alone runs and every scenario (and bfloat16 is 4-6x float32 on CPUs without bfloat16
 instructions) without a kind of step the first three do not already have."""
 SMOLLM2_SEARCH = ("companions-1", "chunk-16", "companions-7", "recompute-7", "swap-7")
 """The order in which the negative control (`control_differences(..., first=True)`) looks for a
 difference on SmolLM2: the cheapest scenario first, the first two of the subset's prompts together
-(50 and 79 tokens: 7 model calls, where chunk-16 takes 16), whose second prefill tile and both
-decode tiles hold rows of both requests, so their rows past position `CONTROL_SPLIT` there are
-summed in the control's order; then the subset, chunked prefill first (its tiles hold two prompts'
-chunks from the first step on). Every request of these has its alone run in the subset's."""
+(50 and 79 tokens: 7 model calls, where chunk-16 takes 16), whose steps hold rows of both requests,
+so their rows past position `CONTROL_SPLIT` are summed in the control's order; then the subset,
+chunked prefill first (its steps hold two prompts' chunks from the first step on). Every request of
+these has its alone run in the subset's."""
 ARCHITECTURES = ("qwen3", "gemma2", "gpt_neox")
 
 
@@ -113,19 +113,19 @@ def run(ex: TorchExecutor, items: list[tuple[int, list[int]]], max_new: int = MA
 
 
 CONTROL_SPLIT = KV_SPLIT // 4
-"""Key positions per split in the negative control's tiles that hold rows of more than one sequence
+"""Key positions per split in the negative control's steps that hold rows of more than one sequence
 (the mode's is `KV_SPLIT`)."""
 
 
 class TileSplitControl:
     """The negative control's attention, put in the executor's place of the mode's: the mode's own
-    `invariant_attention`, except that a tile holding rows of more than one sequence (padding rows,
-    which read and write the scratch block, do not count) walks its keys in splits of
-    `CONTROL_SPLIT` positions, in order: the mode's layout with each of its splits cut in
-    `KV_SPLIT // CONTROL_SPLIT`. Each cut adds a step of the online softmax (a new running max, a
-    rescale of the sum and of the output by `exp(m_old - m_new)`, shorter pairwise sums), so a row
-    past position `CONTROL_SPLIT` is summed in another order whenever companions share its tile. A
-    tile of one sequence gets the mode's layout unchanged: a request alone has the mode's bits."""
+    `invariant_attention`, except that a step holding rows of more than one sequence (the padding
+    rows, whose blocks are the scratch one, do not count) walks its keys in splits of
+    `CONTROL_SPLIT` positions instead of `KV_SPLIT`. Each cut adds a step of the online softmax (a
+    new running max, a rescale of the sum and of the output by `exp(m_old - m_new)`, shorter
+    pairwise sums), so a row past position `CONTROL_SPLIT` is summed in another order whenever
+    companions share its step. A step of one sequence gets the mode's layout unchanged: a request
+    alone has the mode's bits."""
 
     write_kv = staticmethod(invariant_attention.write_kv)
     attend = staticmethod(invariant_attention.attend)
@@ -134,16 +134,11 @@ class TileSplitControl:
         self.ex = ex
 
     def plan_step(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                  block_size: int) -> RowLayout:
-        layout = invariant_attention.plan_step(block_tables, seq_lens, query_start_loc, block_size)
+                  block_size: int) -> invariant_attention.BlockLayout:
         scratch = self.ex.kv.num_blocks - 2  # the block the padding rows use (`invariant_step`)
-        if int((block_tables[:, 0] != scratch).sum()) < 2:
-            return layout
-        splits, rows, _ = layout.slots.shape
-        cut = KV_SPLIT // CONTROL_SPLIT
-        slots = layout.slots.view(splits, rows, cut, CONTROL_SPLIT).transpose(1, 2)
-        return RowLayout(layout.positions, slots.reshape(splits * cut, rows, CONTROL_SPLIT).contiguous(),
-                         layout.key_pos.view(splits * cut, CONTROL_SPLIT))
+        shared = int((block_tables[:, 0] != scratch).sum()) >= 2
+        return invariant_attention.plan_step(block_tables, seq_lens, query_start_loc, block_size,
+                                             CONTROL_SPLIT if shared else KV_SPLIT)
 
 
 def prefix_case(ex: TorchExecutor, vocab: int, alone: dict[str, tuple], max_new: int = MAX_NEW) -> int:
@@ -201,7 +196,7 @@ def control_differences(ex: TorchExecutor, vocab: int, scenarios: tuple[str, ...
                         max_new: int = MAX_NEW, first: bool = False) -> dict[str, int]:
     """The negative control: for each scenario, how many requests' fingerprints under
     `TileSplitControl` differ from their alone fingerprints in the mode (`alone`, which the control
-    leaves as they are: a request alone shares no tile); with `first`, it stops after the first
+    leaves as they are: a request alone shares no step); with `first`, it stops after the first
     scenario with a difference (all "the scenarios can fail" needs on a model where a run is dear)."""
     found: dict[str, int] = {}
     for name in scenarios:
@@ -220,7 +215,7 @@ def test_quick_matrix_tiny_llama() -> None:
     """The quick subset on the tiny Llama (float32): bitwise equal with the mode; under the negative
     control (`TileSplitControl`) some request differs from its alone run in every scenario of the
     subset. The control cannot depend on the host: it changes the order of metroline's own float32
-    sums (`invariant_attention`'s online softmax over splits of 8 keys instead of 32) in every tile
+    sums (`invariant_attention`'s online softmax over splits of 16 keys instead of 64) in every step
     that companions share, whatever the CPU's kernels, ISA level or thread count; alone, it is the
     mode, as the first request run alone under it shows."""
     ex = TorchExecutor(tiny_llama())
@@ -258,7 +253,7 @@ def test_mixture_of_experts_refused_in_the_mode() -> None:
 
 
 def test_padding_rows_write_only_the_scratch_block() -> None:
-    """A step of 3 tokens pads its tile with 29 rows: they write the first block past the pool's,
+    """A step of 3 tokens is padded with 29 rows: they write the first block past the pool's,
     never a block of the pool, nor the last (the zeros read in place of keys past a row's own)."""
     ex = TorchExecutor(tiny_llama())
     eng = Engine(EngineConfig(num_blocks=4, block_size=16, deterministic=True), ex)

@@ -6,8 +6,9 @@ runs only on the last token of each sequence in `plan.sample_seqs`. On CPU in fl
 linear layers run through oneDNN on prepacked weights during a step for calls of enough rows (the
 crossover with torch's own kernel measured once per machine and cached: `linear.py`; the model object
 is otherwise unchanged and keeps serving `generate` with torch's own kernels). Under
-`EngineConfig.deterministic` the forward runs in fixed tiles with batch-invariant attention and
-sampling (`invariant_step`), so a request's tokens and logprobs do not depend on its companions.
+`EngineConfig.deterministic` the forward runs with every weight product and attention tile on a
+fixed number of rows and with row-by-row sampling (`invariant_step`), so a request's tokens and
+logprobs do not depend on its companions.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ class TorchExecutor:
     def _forward(self, plan: StepPlan, drafts: dict | None = None) -> torch.Tensor:
         """The packed forward; a drafting sequence's tokens are its newest and its `drafts`, and
         the rows kept are each sample sequence's last known token, then each draft (in order).
-        In the deterministic mode (which refuses speculation), the forward runs in fixed tiles."""
+        In the deterministic mode (which refuses speculation), `invariant_step` runs the forward."""
         if self.deterministic:
             return invariant_step.forward_tiles(self.model, plan, self.kv, self._invariant_ops,
                                                 self.kv.num_blocks - 2)
