@@ -29,7 +29,7 @@ def test_smollm2_subset(dtype: str) -> None:
     """SmolLM2-135M in `dtype` on its subset (`SMOLLM2`) and a prefix hit, each request generating
     `SMOLLM2_MAX_NEW` tokens: bitwise equal with the mode; and under the negative control
     (`test_deterministic.TileSplitControl`: the mode's attention with its key splits cut in four in
-    the tiles that companions share) some request's bits differ. The control's effect cannot depend
+    the steps that companions share) some request's bits differ. The control's effect cannot depend
     on the host: the order it changes is metroline's own code (an online softmax over more, shorter
     splits), there on any CPU, ISA level and thread count; no library kernel has to pick another
     algorithm for it. (The whole matrix runs on the tiny models of `test_full_matrix_tiny_models`;
