@@ -1,6 +1,7 @@
 """The torch reference paged attention against dense causal attention (torch SDPA) over
 contiguous keys and values: mixed prefill chunks and decodes, grouped-query heads, scattered
-blocks, padded block tables."""
+blocks and runs of consecutive blocks (a lone sequence's are read as a view of the cache), padded
+block tables."""
 
 from __future__ import annotations
 
@@ -18,20 +19,30 @@ SHAPES = {
     # chunks after a prefix, decodes around them
     "batched": [(7, 7), (7, 7), (3, 1), (10, 3), (7, 7), (10, 3), (13, 1), (10, 3)],
     "decodes only": [(5, 1), (17, 1), (1, 1), (16, 1)],
+    # decodes of one context length: no mask
+    "equal decodes": [(9, 1), (9, 1), (9, 1)],
+    # a lone sequence (batch 1): its blocks as a view when consecutive
+    "one decode": [(13, 1)],
+    "one chunk": [(13, 6)],
+    "one prompt": [(10, 10)],
 }
 
 
+@pytest.mark.parametrize("consecutive", [False, True], ids=["scattered", "consecutive"])
 @pytest.mark.parametrize("shapes", SHAPES.values(), ids=SHAPES.keys())
-def test_paged_attention_equals_dense_causal_attention(shapes):
+def test_paged_attention_equals_dense_causal_attention(shapes, consecutive):
     g = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, bs, num_blocks = 4, 2, 8, 4, 64
     k_cache = torch.zeros(num_blocks, bs, kv_heads, dim)
     v_cache = torch.zeros(num_blocks, bs, kv_heads, dim)
     perm = torch.randperm(num_blocks, generator=g).tolist()
-    tables, qs, dense = [], [], []
+    tables, qs, dense, start = [], [], [], 3
     for ctx, new in shapes:
         nb = -(-ctx // bs)
-        table = [perm.pop() for _ in range(nb)]
+        if consecutive:
+            table, start = list(range(start, start + nb)), start + nb
+        else:
+            table = [perm.pop() for _ in range(nb)]
         tables.append(table)
         k = torch.randn(ctx, kv_heads, dim, generator=g)
         v = torch.randn(ctx, kv_heads, dim, generator=g)

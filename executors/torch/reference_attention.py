@@ -40,20 +40,25 @@ class StepLayout:
     - `num_tokens`: query rows in the step.
     - `parts`: one entry per batched attention, `(rows, blocks, count, q_len, width, q_pos)`: `rows`
       the query rows it computes (a slice, or an int64 tensor), `blocks` int64 `[count * nb]` the
-      cache blocks of its `count` sequences (`nb` each), `q_len` query tokens per sequence, `width`
-      context slots read per sequence (the first `width` of the gathered `nb * block_size`), `q_pos`
+      cache blocks of its `count` sequences (`nb` each; a slice of block ids when that is one
+      sequence's consecutive blocks, read as a view), `q_len` query tokens per sequence, `width`
+      context slots read per sequence (the first `width` of the gathered `nb * block_size`: the
+      longest context of a decode part, the context of a prefill group), `q_pos`
       the position of each query row, int64 `[count or 1, q_len]` (a prefill group's sequences
       share theirs).
+    - `uniform_decodes`: the decodes (always the first part) all have contexts of `width` slots.
     `mask(i, window)` is part `i`'s additive float mask (0 where a slot is visible, -inf where not),
-    broadcastable to `[count, heads, q_len, width]`, or None for plain causal attention.
+    broadcastable to `[count, heads, q_len, width]`, or None for plain causal attention (a whole
+    prompt; decodes of equal context, which see every slot read).
     """
 
-    __slots__ = ("num_tokens", "parts", "_masks")
+    __slots__ = ("num_tokens", "parts", "_masks", "_uniform_decodes")
 
-    def __init__(self, num_tokens: int, parts: list[tuple]) -> None:
+    def __init__(self, num_tokens: int, parts: list[tuple], uniform_decodes: bool = False) -> None:
         self.num_tokens = num_tokens
         self.parts = parts
         self._masks: dict[tuple[int, int | None], torch.Tensor | None] = {}
+        self._uniform_decodes = uniform_decodes
 
     def mask(self, i: int, window: int | None) -> torch.Tensor | None:
         """Part `i`'s mask for a layer with sliding `window` (None: full causal), made once a step."""
@@ -62,6 +67,8 @@ class StepLayout:
             _, _, _, q_len, width, q_pos = self.parts[i]
             if window is None and q_len == width and q_pos.shape[0] == 1:
                 self._masks[key] = None  # a whole prompt: is_causal
+            elif window is None and i == 0 and q_len == 1 and self._uniform_decodes:
+                self._masks[key] = None  # decodes whose contexts are all `width` long see every slot read
             else:
                 k = torch.arange(width, device=q_pos.device)
                 visible = k <= q_pos[:, :, None]
@@ -94,14 +101,15 @@ def plan_step(
     if decodes:
         ctx = [lens[s] for s in decodes]
         nb = -(-max(ctx) // block_size)
+        # the decodes read the first max(ctx) slots: a lone decode (or equal contexts) needs no mask
         q_pos = torch.tensor(ctx, device=dev)[:, None] - 1
         parts.append((_rows(decodes, starts, dev), _blocks(tables, decodes, nb, dev), len(decodes), 1,
-                      nb * block_size, q_pos))
+                      max(ctx), q_pos))
     for (q_len, ctx_len), seqs in groups.items():
         nb = -(-ctx_len // block_size)
         q_pos = torch.arange(ctx_len - q_len, ctx_len, device=dev)[None, :]
         parts.append((_rows(seqs, starts, dev), _blocks(tables, seqs, nb, dev), len(seqs), q_len, ctx_len, q_pos))
-    return StepLayout(starts[-1], parts)
+    return StepLayout(starts[-1], parts, uniform_decodes=len({lens[s] for s in decodes}) == 1)
 
 
 def _rows(seqs: list[int], starts: list[int], dev: torch.device) -> slice | torch.Tensor:
@@ -111,8 +119,14 @@ def _rows(seqs: list[int], starts: list[int], dev: torch.device) -> slice | torc
     return torch.tensor([r for s in seqs for r in range(starts[s], starts[s + 1])], dtype=torch.int64, device=dev)
 
 
-def _blocks(tables: torch.Tensor, seqs: list[int], nb: int, dev: torch.device) -> torch.Tensor:
-    """The first `nb` block ids of each of `seqs`, flattened."""
+def _blocks(tables: torch.Tensor, seqs: list[int], nb: int, dev: torch.device) -> torch.Tensor | slice:
+    """The first `nb` block ids of each of `seqs`, flattened; a slice of block ids when that is one
+    sequence's run of consecutive blocks on the CPU (read as a view of the cache, no gather)."""
+    if len(seqs) == 1 and dev.type == "cpu":
+        ids = tables[seqs[0], :nb].tolist()
+        if ids == list(range(ids[0], ids[0] + nb)):
+            return slice(ids[0], ids[0] + nb)
+        return torch.tensor(ids, dtype=torch.int64)
     if seqs == list(range(seqs[0], seqs[0] + len(seqs))):
         return tables[seqs[0]:seqs[-1] + 1, :nb].reshape(-1)
     return tables[torch.tensor(seqs, device=dev), :nb].reshape(-1)
@@ -134,8 +148,12 @@ def attend(
     explicit = softcap is not None or sinks is not None
     out = None
     for i, (rows, blocks, count, q_len, width, _) in enumerate(layout.parts):
-        k = k_cache.index_select(0, blocks).view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
-        v = v_cache.index_select(0, blocks).view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
+        if isinstance(blocks, slice):  # one sequence on consecutive blocks: a view
+            k, v = k_cache[blocks], v_cache[blocks]
+        else:
+            k, v = k_cache.index_select(0, blocks), v_cache.index_select(0, blocks)
+        k = k.view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
+        v = v.view(count, -1, num_kv_heads, head_dim)[:, :width].transpose(1, 2)
         mask = layout.mask(i, window)
         qs = q[rows]
         if explicit:
