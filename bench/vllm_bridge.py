@@ -19,7 +19,7 @@ docs/guide/vllm.md or bench/vllm_reference.py's):
 
 `overhead` times the scheduler's CPU per scheduled request-step (schedule + update_from_output,
 in the thread's CPU time), the bridge with fcfs against vLLM's default scheduler on the same
-cases: rounds over all cases with the arms alternating, after an untimed warm-up of each arm;
+cases: rounds over all cases with the arms alternating case by case, after an untimed warm-up of each arm;
 the median ratio with its range (and the ratio with add_request counted too).
 """
 
@@ -221,12 +221,13 @@ def cmd_stacks(args, cases, model_dir) -> int:
     return 0 if not bad else 1
 
 
-def timed_replays(cls, bridged: bool, cases, model_dir: Path) -> dict[str, float]:
+def timed_replays(cls, bridged: bool, cases, model_dir: Path, empty: float = 0.0) -> dict[str, float]:
     """Replay `cases` on `cls` (vLLM's `Scheduler` or the bridge) with its `schedule`,
     `update_from_output` and `add_request` timed in this thread's CPU time (`time.thread_time`:
     no other thread's work, no wall-clock wait of a loaded machine): the seconds in schedule +
-    update_from_output, in add_request, and the request-steps scheduled."""
-    spent = {"step": 0.0, "add": 0.0, "request_steps": 0}
+    update_from_output, in add_request (each less `empty` per timed region: what an empty one
+    reads, `clock_cost`), and the request-steps scheduled."""
+    spent = {"step": 0.0, "add": 0.0, "request_steps": 0, "step_regions": 0, "add_regions": 0}
     clock = time.thread_time
     orig_s, orig_u, orig_a = cls.schedule, cls.update_from_output, cls.add_request
 
@@ -234,6 +235,7 @@ def timed_replays(cls, bridged: bool, cases, model_dir: Path) -> dict[str, float
         t = clock()
         out = orig_s(self, *a, **k)
         spent["step"] += clock() - t
+        spent["step_regions"] += 1
         spent["request_steps"] += len(out.num_scheduled_tokens)
         return out
 
@@ -241,12 +243,14 @@ def timed_replays(cls, bridged: bool, cases, model_dir: Path) -> dict[str, float
         t = clock()
         out = orig_u(self, *a, **k)
         spent["step"] += clock() - t
+        spent["step_regions"] += 1
         return out
 
     def timed_add(self, *a, **k):
         t = clock()
         out = orig_a(self, *a, **k)
         spent["add"] += clock() - t
+        spent["add_regions"] += 1
         return out
 
     cls.schedule, cls.update_from_output, cls.add_request = timed_schedule, timed_update, timed_add
@@ -256,14 +260,30 @@ def timed_replays(cls, bridged: bool, cases, model_dir: Path) -> dict[str, float
             run_vllm(engine, workload, model_dir, bridged=bridged)
     finally:
         cls.schedule, cls.update_from_output, cls.add_request = orig_s, orig_u, orig_a
+    spent["step"] -= spent["step_regions"] * empty
+    spent["add"] -= spent["add_regions"] * empty
     return spent
+
+
+def clock_cost(clock, n: int = 20000) -> float:
+    """The seconds an empty timed region (`t = clock(); clock() - t`) reads: the median of five
+    batches of `n` (on a busy machine a clock call is a system call that reads about 1 us)."""
+    batches = []
+    for _ in range(5):
+        total = 0.0
+        for _ in range(n):
+            t = clock()
+            total += clock() - t
+        batches.append(total / n)
+    return statistics.median(batches)
 
 
 def cmd_overhead(args, cases, model_dir) -> int:
     """The bridge's (fcfs) CPU per scheduled request-step against vLLM's default scheduler on the
     same cases. Each arm first replays one case untimed (first-call imports and caches of either
-    arm are not counted); then `--repeat` rounds replay every case on both arms, the arm that goes
-    first alternating. Reported: each round's ratio, and the median with its range."""
+    arm are not counted); then `--repeat` rounds replay every case on both arms, one case at a
+    time, the arm that goes first alternating (a busy spell of the machine falls on both).
+    Reported: each round's ratio, and the median with its range."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     arms = {"vllm": Scheduler, "bridge": bridge_class()}
@@ -271,15 +291,23 @@ def cmd_overhead(args, cases, model_dir) -> int:
         timed_replays(cls, label == "bridge", cases[:1], model_dir)
     rounds: dict[str, list[dict]] = {label: [] for label in arms}
     for r in range(args.repeat):
-        for label in (("vllm", "bridge") if r % 2 == 0 else ("bridge", "vllm")):
-            rounds[label].append(timed_replays(arms[label], label == "bridge", cases, model_dir))
-        a, b = rounds["vllm"][-1], rounds["bridge"][-1]
+        empty = clock_cost(time.thread_time)
+        totals = {label: {"step": 0.0, "add": 0.0, "request_steps": 0} for label in arms}
+        for k, case in enumerate(cases):
+            for label in (("vllm", "bridge") if (r + k) % 2 == 0 else ("bridge", "vllm")):
+                got = timed_replays(arms[label], label == "bridge", [case], model_dir, empty)
+                for key, total in totals[label].items():
+                    totals[label][key] = total + got[key]
+        a, b = totals["vllm"], totals["bridge"]
+        for label in arms:
+            rounds[label].append(totals[label])
         if a["request_steps"] != b["request_steps"]:
             print(f"round {r + 1}: the arms scheduled {a['request_steps']} and {b['request_steps']} request-steps")
             return 1
         n = a["request_steps"]
         print(f"round {r + 1}: vllm {1e6 * a['step'] / n:.2f} us, bridge {1e6 * b['step'] / n:.2f} us per "
-              f"request-step ({n}): {b['step'] / a['step']:.3f}; with add_request {(b['step'] + b['add']) / (a['step'] + a['add']):.3f}",
+              f"request-step ({n}): {b['step'] / a['step']:.3f}; with add_request "
+              f"{(b['step'] + b['add']) / (a['step'] + a['add']):.3f} (an empty timed region: {1e6 * empty:.2f} us)",
               flush=True)
 
     def summary(values: list[float]) -> str:
