@@ -119,15 +119,17 @@ class _MetrolineSchedulerMixin:
         budget = self.max_num_scheduled_tokens
         sched_config = self.scheduler_config
         threshold = sched_config.long_prefill_token_threshold
-        split = bridge.split(budget)
-        chunk, step_budget = split.max_chunk, split.decode + split.prefill
-        if chunk != bridge.default_chunk():
-            sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
-            if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
-                step_budget = min(step_budget, chunk)
-        self.max_num_scheduled_tokens = step_budget
+        if bridge.splits:  # else the defaults' split, which is vLLM's own budget and chunk cap
+            split = bridge.split(budget)
+            chunk, step_budget = split.max_chunk, split.decode + split.prefill
+            if chunk != bridge.default_chunk():
+                sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
+                if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
+                    step_budget = min(step_budget, chunk)
+            self.max_num_scheduled_tokens = step_budget
         left_out: list[Any] = []
-        if self.running:
+        reordered = False  # vLLM keeps its running list in admission order: only a reorder is undone
+        if self.running and bridge.orders:
             seqs = bridge.seqs
             order = bridge.order_running([seqs[r.request_id] for r in self.running])
             if order is not None:
@@ -136,6 +138,7 @@ class _MetrolineSchedulerMixin:
                 chosen = set(ordered)
                 left_out = [r for r in self.running if r not in chosen]
                 self.running = ordered
+                reordered = True
         self.waiting.open_step()
         try:
             out = super().schedule(*args, **kwargs)
@@ -144,7 +147,7 @@ class _MetrolineSchedulerMixin:
             self._unmark_victim()
             self.max_num_scheduled_tokens = budget
             sched_config.long_prefill_token_threshold = threshold
-            if left_out or self.running:
+            if reordered:
                 self._restore_admission_order(left_out)
         bridge.scheduled(out.num_scheduled_tokens)
         return out
@@ -159,10 +162,7 @@ class _MetrolineSchedulerMixin:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        bridge = self.metroline
-        live = bridge.seqs
-        bridge.end_step([bridge.request_of[live[rid]] for rid in scheduler_output.num_scheduled_tokens
-                         if rid in live and live[rid] in bridge.request_of])
+        self.metroline.end_step(scheduler_output.num_scheduled_tokens)
         return outputs
 
     def _fail_refused(self) -> None:
