@@ -74,6 +74,7 @@ class Bridge:
         """Request id -> why: requests refused (`check_request`) or failed by a plugin of theirs
         alone (`on_arrival`), to be ended as errors by the scheduler's next output."""
         self.plan: StepPlan | None = None
+        self._spare_plan: StepPlan | None = None
         self.admissions = 0
         self.arrivals = 0
         self._noted: set[str] = set()
@@ -125,10 +126,25 @@ class Bridge:
         seqs = self.seqs
         for request in running_requests:
             seqs[request.request_id].num_computed_tokens = request.num_computed_tokens
-        self.plan = StepPlan(ctx.step, ctx.block_size)
+        self.plan = self._plan(ctx.step)
         if self.arrived:
             arrived, self.arrived = self.arrived, []
             announce_arrivals(self.plugins, ctx, arrived, self._refuse_arrival)
+
+    def _plan(self, step: int) -> StepPlan:
+        """The record of the step under way: a new `StepPlan` when `on_step_end` observers get
+        it, else one reused (only the bridge reads it: its admitted and preempted sequences)."""
+        if "on_step_end" in self.heard:
+            return StepPlan(step, self.ctx.block_size)
+        plan = self._spare_plan
+        if plan is None:
+            plan = self._spare_plan = StepPlan(step, self.ctx.block_size)
+        else:
+            plan.step = step
+            plan.admitted.clear()
+            plan.preempted.clear()
+            plan.sample_seqs = []
+        return plan
 
     def _refuse_arrival(self, seq: Sequence, err: PluginError) -> None:
         """An `on_arrival` error of `seq` alone: logged, and the request refused at its next sight."""
@@ -254,6 +270,7 @@ class Bridge:
             return
         seqs, request_of, ctx = self.seqs, self.request_of, self.ctx
         got, ended = [], []
+        catch_up = mirror.catch_up
         for rid in request_ids:
             seq = seqs.get(rid)
             if seq is None or seq.state is FINISHED:
@@ -261,7 +278,7 @@ class Bridge:
             request = request_of.get(seq)
             if request is None:
                 continue
-            if mirror.catch_up(seq, request):
+            if catch_up(seq, request):
                 got.append(seq)
                 if seq.first_token_time is None:
                     seq.first_token_time = ctx.now

@@ -64,6 +64,7 @@ class _MetrolineSchedulerMixin:
         self.metroline = Bridge(settings.engine_config(vllm_config, kv.num_blocks, self.block_size), kv)
         self.policy = SchedulingPolicy.PRIORITY  # the victim branch that can take any running request
         self.waiting = AdmissionQueue(self.metroline)
+        self.waiting.can_admit = lambda: len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         self._victim: Any = None
         self._victim_priority = 0
         allocate = self.kv_cache_manager.allocate_slots
@@ -114,7 +115,8 @@ class _MetrolineSchedulerMixin:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         bridge = self.metroline
-        self._fail_refused()
+        if bridge.refused:
+            self._fail_refused()
         bridge.begin_step(self.running)
         budget = self.max_num_scheduled_tokens
         sched_config = self.scheduler_config
@@ -144,7 +146,8 @@ class _MetrolineSchedulerMixin:
             out = super().schedule(*args, **kwargs)
         finally:
             self.waiting.close_step()
-            self._unmark_victim()
+            if self._victim is not None:
+                self._unmark_victim()
             self.max_num_scheduled_tokens = budget
             sched_config.long_prefill_token_threshold = threshold
             if reordered:
