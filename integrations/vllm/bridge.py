@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from metroline.core.config import EngineConfig
 from metroline.core.errors import PluginError
 from metroline.core.plugins.budget import Split
-from metroline.core.plugins.manager import PluginManager
+from metroline.core.plugins.manager import DEFAULTS_NAME, PluginManager
 from metroline.core.plugins.preemption import Preempt
 from metroline.core.requests.sequence import FINISHED, RUNNING, FinishReason, Sequence
 from metroline.core.step.context import StepContext
@@ -30,6 +30,14 @@ from .support import refuse_unsupported
 log = logging.getLogger("vllm.metroline")
 """A child of vLLM's logger, so that vLLM's logging configuration shows it."""
 
+OBSERVERS = ("on_admitted", "on_preempted", "on_tokens", "on_step_end", "on_finished")
+"""The observer hooks the bridge calls at its step's events (`on_arrival`: `announce_arrivals`)."""
+
+
+def defaults_only(caller: Any) -> bool:
+    """Whether the built-in defaults are the only implementation of a hook (`caller`: the relay's)."""
+    return [i.plugin_name for i in caller.get_hookimpls()] == [DEFAULTS_NAME]
+
 
 class Bridge:
     """The plugins and their view of one vLLM scheduler's requests.
@@ -41,6 +49,16 @@ class Bridge:
         self.config = config
         self.plugins = PluginManager(config)
         refuse_unsupported(self.plugins)
+        hook = self.plugins.hook
+        self.heard = frozenset(name for name in OBSERVERS if getattr(hook, name).get_hookimpls())
+        """The observers some plugin implements: the others are not called. Like
+        `refuse_unsupported`, read once: the plugins are the config's, loaded when vLLM builds
+        its scheduler."""
+        self.splits = not defaults_only(hook.split_budget)
+        """Whether a plugin splits the budget: the defaults' split is vLLM's own step (its whole
+        budget, the config's chunk cap), so without one `split` is not asked."""
+        self.orders = not defaults_only(hook.order_running)
+        """Whether a plugin orders the running: the defaults' order is admission order, vLLM's."""
         log.info("metroline: policy %r, plugins %s (vLLM's scheduler runs metroline's hooks: %s)", config.policy,
                  config.plugins, ", ".join(self.plugins.names()))
         self.running: dict[Sequence, None] = {}
@@ -61,6 +79,7 @@ class Bridge:
         (`finished`, which tells `on_finished`). The scheduler hands them to vLLM and serves them
         no token meanwhile."""
         self.plan: StepPlan | None = None
+        self._spare_plan: StepPlan | None = None
         self.admissions = 0
         self.arrivals = 0
         self._noted: set[str] = set()
@@ -115,10 +134,25 @@ class Bridge:
         seqs = self.seqs
         for request in running_requests:
             seqs[request.request_id].num_computed_tokens = request.num_computed_tokens
-        self.plan = StepPlan(ctx.step, ctx.block_size)
+        self.plan = self._plan(ctx.step)
         if self.arrived:
             arrived, self.arrived = self.arrived, []
             announce_arrivals(self.plugins, ctx, arrived, self._refuse_arrival)
+
+    def _plan(self, step: int) -> StepPlan:
+        """The record of the step under way: a new `StepPlan` when `on_step_end` observers get
+        it, else one reused (only the bridge reads it: its admitted and preempted sequences)."""
+        if "on_step_end" in self.heard:
+            return StepPlan(step, self.ctx.block_size)
+        plan = self._spare_plan
+        if plan is None:
+            plan = self._spare_plan = StepPlan(step, self.ctx.block_size)
+        else:
+            plan.step = step
+            plan.admitted.clear()
+            plan.preempted.clear()
+            plan.sample_seqs = []
+        return plan
 
     def _refuse_arrival(self, seq: Sequence, err: PluginError) -> None:
         """An `on_arrival` error of `seq` alone: its request fails (`fail`)."""
@@ -305,38 +339,45 @@ class Bridge:
     def scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
         """The step's schedule is out: its plan, then `on_admitted` and `on_preempted`."""
         plan, seqs = self.plan, self.seqs
-        scheduled = plan.scheduled
-        for rid, n in num_scheduled_tokens.items():
-            scheduled[seqs[rid]] = n
+        heard = self.heard
+        if "on_step_end" in heard:  # the plan's schedule is for its observers
+            scheduled = plan.scheduled
+            for rid, n in num_scheduled_tokens.items():
+                scheduled[seqs[rid]] = n
         for seq in plan.admitted:  # vLLM advanced them past the step's tokens already: their hit, as before
-            seq.num_computed_tokens = self.request_of[seq].num_computed_tokens - scheduled.get(seq, 0)
+            seq.num_computed_tokens = (self.request_of[seq].num_computed_tokens
+                                       - num_scheduled_tokens.get(seq.request_id, 0))
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
         hook = self.plugins.hook
-        if plan.admitted:
+        if plan.admitted and "on_admitted" in heard:
             admitted = list(plan.admitted)
             self.observed(lambda: hook.on_admitted(ctx=self.ctx, seqs=admitted), lambda: admitted)
-        if plan.preempted:
+        if plan.preempted and "on_preempted" in heard:
             preempted = list(plan.preempted)
             self.observed(lambda: hook.on_preempted(ctx=self.ctx, seqs=preempted), lambda: preempted)
 
-    def end_step(self, requests: list[Any]) -> None:
-        """vLLM's output for the step: the scheduled `requests`' new tokens (`on_tokens`), the
-        step's end (`on_step_end`), then the requests that ended (`on_finished`)."""
+    def end_step(self, request_ids: Iterable[str]) -> None:
+        """vLLM's output for the step: the scheduled requests' (`request_ids`) new tokens
+        (`on_tokens`), the step's end (`on_step_end`), then the requests that ended (`on_finished`)."""
         plan, self.plan = self.plan, None
         if plan is None:
             return
-        seqs, ctx = self.seqs, self.ctx
+        seqs, request_of, ctx = self.seqs, self.request_of, self.ctx
         got, ended = [], []
-        for request in requests:
-            seq = seqs.get(request.request_id)
+        catch_up = mirror.catch_up
+        for rid in request_ids:
+            seq = seqs.get(rid)
             if seq is None:
                 continue
+            request = request_of.get(seq)
+            if request is None:
+                continue
             if seq.state is FINISHED:  # failed: ended here if vLLM ended it first (a stop in this step)
-                if request.is_finished() and seq in self.request_of:
+                if request.is_finished():
                     ended.append((seq, request))
                 continue
-            if mirror.catch_up(seq, request):
+            if catch_up(seq, request):
                 got.append(seq)
                 if seq.first_token_time is None:
                     seq.first_token_time = ctx.now
@@ -344,10 +385,11 @@ class Bridge:
             if request.is_finished():
                 ended.append((seq, request))
         plan.sample_seqs = got
-        hook = self.plugins.hook
-        if got:
+        hook, heard = self.plugins.hook, self.heard
+        if got and "on_tokens" in heard:
             self.observed(lambda: hook.on_tokens(ctx=ctx, seqs=got), lambda: got)
-        self.observed(lambda: hook.on_step_end(ctx=ctx, plan=plan), lambda: planned(plan))
+        if "on_step_end" in heard:
+            self.observed(lambda: hook.on_step_end(ctx=ctx, plan=plan), lambda: planned(plan))
         if ended:
             self.finished(ended)
 
@@ -366,7 +408,7 @@ class Bridge:
             self.seqs.pop(seq.request_id, None)
             self.failed.pop(seq.request_id, None)
             seqs.append(seq)
-        if seqs:
+        if seqs and "on_finished" in self.heard:
             self.observed(lambda: self.plugins.hook.on_finished(ctx=self.ctx, seqs=seqs), list)
 
     def forget(self, request_id: str) -> None:

@@ -48,15 +48,14 @@ def sequence_of(request: Any, arrival_no: int) -> Sequence:
     return seq
 
 
-def catch_up(seq: Sequence, request: Any) -> list[int]:
-    """Append the output tokens `request` has that `seq` lacks; returns them."""
+def catch_up(seq: Sequence, request: Any) -> bool:
+    """Append the output tokens `request` has that `seq` lacks; whether there were any."""
     have = len(seq.token_ids) - seq.num_prompt_tokens
     out = request.output_token_ids
     if len(out) <= have:
-        return []
-    new = list(out[have:])
-    seq.token_ids.extend(new)
-    return new
+        return False
+    seq.token_ids.extend(out[have:])
+    return True
 
 
 def preempted(seq: Sequence) -> None:

@@ -71,6 +71,7 @@ class _MetrolineSchedulerMixin:
         self.metroline = Bridge(settings.engine_config(vllm_config, kv.num_blocks, self.block_size), kv)
         self.policy = SchedulingPolicy.PRIORITY  # the victim branch that can take any running request
         self.waiting = AdmissionQueue(self.metroline)
+        self.waiting.can_admit = lambda: len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         self._victim: Any = None
         self._victim_priority = 0
         allocate = self.kv_cache_manager.allocate_slots
@@ -137,37 +138,42 @@ class _MetrolineSchedulerMixin:
         sched_config = self.scheduler_config
         threshold = sched_config.long_prefill_token_threshold
         left_out: list[Any] = []
+        reordered = False  # vLLM keeps its running list in admission order: only a change is undone
         try:
-            split = bridge.split(budget)
-            chunk, step_budget = split.max_chunk, split.decode + split.prefill
-            if chunk != bridge.default_chunk():
-                sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
-                if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
-                    step_budget = min(step_budget, chunk)
-            self.max_num_scheduled_tokens = step_budget
+            if bridge.splits:  # else the defaults' split, which is vLLM's own budget and chunk cap
+                split = bridge.split(budget)
+                chunk, step_budget = split.max_chunk, split.decode + split.prefill
+                if chunk != bridge.default_chunk():
+                    sched_config.long_prefill_token_threshold = chunk if chunk < budget else 0
+                    if len(self.running) + len(self.waiting) <= 1:  # vLLM applies its threshold to no lone request
+                        step_budget = min(step_budget, chunk)
+                self.max_num_scheduled_tokens = step_budget
             if self.running:
-                seqs = bridge.seqs
                 if bridge.failed:  # failed requests get no tokens; vLLM ends them at its next output
                     self._leave_out_failed(left_out)
-                order = bridge.order_running([seqs[r.request_id] for r in self.running]) if self.running else None
-                if order is not None:
-                    request_of = bridge.request_of
-                    ordered = [request_of[s] for s in order]
-                    chosen = set(ordered)
-                    left_out += [r for r in self.running if r not in chosen]
-                    self.running = ordered
-                if bridge.failed:
-                    self._leave_out_failed(left_out)
+                if self.running and bridge.orders:
+                    seqs = bridge.seqs
+                    order = bridge.order_running([seqs[r.request_id] for r in self.running])
+                    if order is not None:
+                        request_of = bridge.request_of
+                        ordered = [request_of[s] for s in order]
+                        chosen = set(ordered)
+                        left_out += [r for r in self.running if r not in chosen]
+                        self.running = ordered
+                        reordered = True
+                    if bridge.failed:  # order_running failed one request alone
+                        self._leave_out_failed(left_out)
             self.waiting.open_step()
             try:
                 out = super().schedule(*args, **kwargs)
             finally:
                 self.waiting.close_step()
         finally:
-            self._unmark_victim()
+            if self._victim is not None:
+                self._unmark_victim()
             self.max_num_scheduled_tokens = budget
             sched_config.long_prefill_token_threshold = threshold
-            if left_out or self.running:
+            if reordered or left_out:
                 self._restore_admission_order(left_out)
         bridge.scheduled(out.num_scheduled_tokens)
         return out
@@ -221,9 +227,7 @@ class _MetrolineSchedulerMixin:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         bridge = self.metroline
-        live = bridge.seqs
-        bridge.end_step([bridge.request_of[live[rid]] for rid in scheduler_output.num_scheduled_tokens
-                         if rid in live and live[rid] in bridge.request_of])
+        bridge.end_step(scheduler_output.num_scheduled_tokens)
         if bridge.failed:
             self._end_failed()
         return outputs

@@ -4,13 +4,15 @@ vLLM's scheduler takes waiting requests through its `RequestQueue` interface: it
 head, pops it (to admit it, or to skip it for a reason of its own: a grammar not compiled yet, a
 LoRA limit) and puts skipped ones back with `prepend_requests`. Here the head is the next candidate
 of the plugins' answer to `admission`, pulled lazily: the hook is called once per step, at the
-first look at the queue in the step's admission phase, and stale candidates (no longer waiting)
-are passed over. Outside a step the queue is the set of waiting requests in the order they came.
+first look at the queue in the step's admission phase while vLLM has a free running slot
+(`can_admit`; without one vLLM stops its admission right after that look, so the queue answers
+from its members), and stale candidates (no longer waiting) are passed over. Outside a step the
+queue is the set of waiting requests in the order they came.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -35,6 +37,8 @@ class AdmissionQueue(RequestQueue):
         self.popped: list[Any] = []
         """The requests popped in the step under way (admitted, or skipped by vLLM)."""
         self.head_of_line = True
+        self.can_admit: Callable[[], bool] = lambda: True
+        """Whether vLLM's step may admit a request now (a free running slot): the scheduler's."""
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -50,7 +54,8 @@ class AdmissionQueue(RequestQueue):
         """The step's schedule ended: the candidates' generator is closed (a policy's lazy queue
         puts back what was not admitted)."""
         self._in_step = False
-        self._bridge.settle_popped(self.popped)
+        if self.popped:
+            self._bridge.settle_popped(self.popped)
         if self._iter is not None:
             close_candidates(self._iter)
         self._answer = self._iter = self._head = None
@@ -89,7 +94,8 @@ class AdmissionQueue(RequestQueue):
             self._iter = iter(self._answer)
             self._pulled = 0
             self._limit = 2 * (len(self._members) + len(bridge.running)) + 8
-        bridge.settle_popped(self.popped)
+        if self.popped:
+            bridge.settle_popped(self.popped)
         request_of, members = bridge.request_of, self._members
         for seq in self._iter:  # checked by the relay: an exception while yielding is a PluginError
             self._pulled += 1
@@ -145,7 +151,7 @@ class AdmissionQueue(RequestQueue):
             self._members.pop(request, None)
 
     def __bool__(self) -> bool:
-        if not self._in_step:
+        if not self._in_step or (self._iter is None and self._members and not self.can_admit()):
             return bool(self._members)
         return self._peek() is not None
 
