@@ -116,6 +116,14 @@ def test_prefills_and_decodes_share_a_step_under_the_budget():
     assert [(p.num_prefill_tokens, p.num_decode_tokens) for p in plans(engine)] == [
         (16, 0), (15, 1), (15, 1), (14, 2), (8, 2), (0, 3), (5, 2), (0, 3), (0, 1), (0, 1),
     ]
+    # the KV tokens each step's attention reads: each scheduled request's tokens computed before
+    # the step plus the step's own (A decodes from 8 up, B and C prefill 30, D 5)
+    computed, context = {}, []
+    for p in plans(engine):
+        context.append(sum(computed.get(rid, 0) + n for rid, n in p.scheduled.items()))
+        for rid, n in p.scheduled.items():
+            computed[rid] = computed.get(rid, 0) + n
+    assert [p.num_context_tokens for p in plans(engine)] == context == [16, 32, 48, 64, 74, 77, 51, 54, 16, 17]
     for rid, out in (("A", 10), ("B", 4), ("C", 4), ("D", 2)):
         seq = engine.sequences(rid)[0]
         assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == out
