@@ -362,6 +362,20 @@ def test_static_batching_admits_a_new_batch_only_when_nothing_runs():
     assert_pool_drained(engine)
 
 
+def test_static_batching_admits_its_members_in_arrival_order_behind_one_that_does_not_fit():
+    # one batch of three on 6 blocks of 4: A takes 3, B's 16 tokens need 4 and wait; C's 4 tokens
+    # would fit beside A, but a member is not admitted ahead of an earlier one
+    engine = make_engine(policy="static", max_num_seqs=3, num_blocks=6)
+    for rid, prompt in (("A", 12), ("B", 16), ("C", 4)):
+        engine.add_request(request(rid, prompt, max_new=2))
+    run_to_end(engine)
+    admitted = [(p.step, p.admitted) for p in plans(engine) if p.admitted]
+    # B and C once A ended; C, preempted when both needed a block for their decode (step 4), back after B
+    assert admitted == [(1, ["A"]), (3, ["B", "C"]), (5, ["C"])]
+    assert [p.preempted for p in plans(engine)][3] == [("C", "WAITING")]
+    assert_pool_drained(engine)
+
+
 def test_fcfs_refills_a_slot_as_soon_as_it_frees():
     admitted, engine = _batch_engine("fcfs")
     assert admitted == [(1, ["A", "B"]), (3, ["C"]), (5, ["D"])]
