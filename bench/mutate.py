@@ -16,6 +16,9 @@ equivalents left out, and each survivor as a diff line with file:line.
     python bench/mutate.py --group kv --sample 20 --seed 1   # 20 mutants a module, drawn by seed
     python bench/mutate.py --module kv_backends/block_pool.py --list   # the mutants, not run
 
+A group entry may name the Python its tests run with (`python = "$METROLINE_VLLM_PYTHON"`, read
+from the environment): the vLLM bridge's tests need a Python that has vLLM.
+
 Operators (each mutant is one of them at one place, and still compiles):
   compare     < <=, > >=, == !=, is / is not, in / not in (each to its partner)
   int         an integer constant n to n + 1 and to n - 1
@@ -338,6 +341,7 @@ class Config:
     groups: dict[str, list[str]]             # group name -> module paths
     tests: dict[str, list[str]]              # module -> its own test files
     wider: dict[str, list[str]]              # module -> further test files
+    python: dict[str, str]                   # module -> the interpreter its tests run with
     equivalent: dict[tuple, str]             # Mutant.key -> reason
     timeout_factor: float
     timeout_floor: float
@@ -345,7 +349,7 @@ class Config:
 
 def load_config(path: Path = CONFIG) -> Config:
     data = tomllib.loads(path.read_text())
-    groups, tests, wider = {}, {}, {}
+    groups, tests, wider, python = {}, {}, {}, {}
     for name, group in data.get("group", {}).items():
         modules = []
         for entry in group["modules"]:
@@ -353,6 +357,7 @@ def load_config(path: Path = CONFIG) -> Config:
                 modules.append(module)
                 tests[module] = list(entry["tests"])
                 wider[module] = list(entry.get("wider", []))
+                python[module] = entry.get("python", "")
         groups[name] = modules
     equivalent = {}
     for entry in data.get("equivalent", []):
@@ -360,8 +365,25 @@ def load_config(path: Path = CONFIG) -> Config:
                entry.get("occurrence", 0))
         equivalent[key] = entry["reason"]
     run = data.get("run", {})
-    return Config(groups, tests, wider, equivalent,
+    return Config(groups, tests, wider, python, equivalent,
                   float(run.get("timeout_factor", 4.0)), float(run.get("timeout_floor", 30.0)))
+
+
+def interpreter(spec: str) -> str:
+    """The Python a module's tests run with: the entry's `python` (`$NAME` read from the
+    environment; a bare name looked up on PATH), or, without one, the Python running this tool.
+    Raises ValueError naming what is missing."""
+    if not spec:
+        return sys.executable
+    path = os.path.expandvars(spec)
+    if "$" in path:
+        name = re.search(r"\$\{?(\w+)", path).group(1)
+        raise ValueError(f"python = {spec!r}: ${name} is not set (the path of a Python "
+                         "that has what these tests import)")
+    found = shutil.which(path)
+    if found is None:
+        raise ValueError(f"python = {spec!r}: {path} is not an executable")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,12 +411,14 @@ class Workspace:
     def restore(self, module: str):
         shutil.copyfile(self.root / module, self.tree / module)
 
-    def pytest(self, files: list[str], timeout: float, log: Path | None = None) -> tuple[str, float]:
+    def pytest(self, files: list[str], timeout: float, log: Path | None = None,
+               python: str | None = None) -> tuple[str, float]:
         """'passed', 'failed' or 'timeout' for `pytest -x` on these files, and the seconds
-        (`log`: a file for pytest's output, which is dropped otherwise)."""
+        (`log`: a file for pytest's output, which is dropped otherwise; `python`: the interpreter,
+        this one by default)."""
         env = dict(os.environ, PYTHONPATH=str(self.dir / "path"), PYTHONDONTWRITEBYTECODE="1",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
+        cmd = [python or sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
         started = time.monotonic()
         out = open(log, "w") if log is not None else subprocess.DEVNULL
         try:
@@ -423,14 +447,15 @@ class Workspace:
 
 
 def run_mutant(ws: Workspace, mutant: Mutant, own: list[str], wider: list[str],
-               timeouts: dict[tuple, float]) -> tuple[str, str]:
-    """('killed' | 'timeout' | 'survived', which files decided it)."""
+               timeouts: dict[tuple, float], python: str = sys.executable) -> tuple[str, str]:
+    """('killed' | 'timeout' | 'survived', which files decided it). `timeouts` is keyed by
+    (python, *files)."""
     ws.apply(mutant.module, mutant.source)
     try:
         for label, files in (("own", own), ("wider", wider)):
             if not files:
                 continue
-            outcome, _ = ws.pytest(files, timeouts[tuple(files)])
+            outcome, _ = ws.pytest(files, timeouts[(python, *files)], python=python)
             if outcome == "failed":
                 return "killed", label
             if outcome == "timeout":
@@ -506,6 +531,13 @@ def main(argv=None) -> int:
                 print(f"{m.diff()}   (equivalent: {reason})")
         return 0
 
+    pythons = {}
+    for module in modules:
+        try:
+            pythons[module] = interpreter(config.python[module])
+        except ValueError as exc:
+            parser.error(f"{module}: {exc}")
+
     signal.signal(signal.SIGTERM, _interrupt)
     workspaces = queue.Queue()
     made = [Workspace() for _ in range(max(1, args.jobs))]
@@ -516,19 +548,21 @@ def main(argv=None) -> int:
         timeouts = {}
         ws = made[0]
         for module in modules:
+            python = pythons[module]
             for files in (config.tests[module], [] if args.own_only else config.wider[module]):
-                if files and tuple(files) not in timeouts:
+                key = (python, *files)
+                if files and key not in timeouts:
                     log = ws.dir / "baseline.log"
-                    outcome, seconds = ws.pytest(files, timeout=3600, log=log)
+                    outcome, seconds = ws.pytest(files, timeout=3600, log=log, python=python)
                     if outcome != "passed":
                         tail = "\n".join(log.read_text().splitlines()[-30:])
                         print(f"{tail}\nthe unmutated tree fails {' '.join(files)}: fix that "
                               "first", file=sys.stderr)
                         return 2
-                    timeouts[tuple(files)] = max(config.timeout_floor,
-                                                 seconds * config.timeout_factor)
-                    print(f"baseline {' '.join(files)}: {seconds:.1f} s "
-                          f"(timeout {timeouts[tuple(files)]:.0f} s)", flush=True)
+                    timeouts[key] = max(config.timeout_floor, seconds * config.timeout_factor)
+                    shown = "" if python == sys.executable else f" (with {python})"
+                    print(f"baseline {' '.join(files)}{shown}: {seconds:.1f} s "
+                          f"(timeout {timeouts[key]:.0f} s)", flush=True)
 
         lock = threading.Lock()
         results = {}
@@ -541,7 +575,8 @@ def main(argv=None) -> int:
             ws = workspaces.get()
             try:
                 wider = [] if args.own_only else config.wider[module]
-                outcome, by = run_mutant(ws, mutant, config.tests[module], wider, timeouts)
+                outcome, by = run_mutant(ws, mutant, config.tests[module], wider, timeouts,
+                                         pythons[module])
             finally:
                 workspaces.put(ws)
             if stopping.is_set():

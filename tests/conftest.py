@@ -86,6 +86,7 @@ class PlanRecord:
         self.preempted = [(s.seq_id, s.state.name) for s in plan.preempted]
         self.num_prefill_tokens = plan.num_prefill_tokens
         self.num_decode_tokens = plan.num_decode_tokens
+        self.num_context_tokens = plan.num_context_tokens
         self.sample = [s.seq_id for s in plan.sample_seqs]
 
     def __repr__(self) -> str:

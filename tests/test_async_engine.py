@@ -238,3 +238,43 @@ def test_a_plugin_failing_tenant_a_requests_fails_those_only_and_tenant_b_stream
     assert loop.describe()["plugin_errors"] >= (1 if mode != "check" else 0)
     hostile.pool.check_invariants([])
     assert hostile.pool.num_used_blocks() == 0 and not hostile.has_unfinished()
+
+
+class FailsTheStep:
+    """A `split_budget` that raises on the step after every request arrived: a plugin error that is
+    no one request's, so the engine fails the requests that step left in doubt."""
+
+    name = "fails_the_step"
+
+    def __init__(self, arrived: int) -> None:
+        self.arrived = arrived
+
+    @hookimpl
+    def split_budget(self, ctx, budget):
+        if len(ctx.running) + len(ctx.waiting) == self.arrived and ctx.running:
+            raise RuntimeError("no split today")
+        return None
+
+
+@pytest.mark.parametrize("count, shown", [
+    (1, "(failed 1 request: r0)"),
+    (2, "(failed 2 requests: r0, r1)"),
+    (5, "(failed 5 requests: r0, r1, r2, r3, r4)"),
+    (6, "(failed 6 requests: r0, r1, r2, r3, r4 and 1 more)"),
+])
+def test_a_plugin_error_names_at_most_five_failed_requests_on_stderr(count, shown, capsys):
+    eng = Engine(EngineConfig(max_num_seqs=8), RealtimeExecutor(SimulatedExecutor(make_cost_model("steps", step_time=0.001))),
+                 plugins=[FailsTheStep(count)], retain_finished=False)
+
+    async def main():
+        loop = AsyncEngine(eng)
+        await loop.start()
+        streams = [loop.submit(request(f"r{i}", 5)) for i in range(count)]
+        await asyncio.wait_for(asyncio.gather(*(s.result() for s in streams)), 60)
+        await loop.shutdown()
+        return streams
+
+    streams = asyncio.run(main())
+    assert all(s.finish_reason is FinishReason.FAILED for s in streams)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("metroline: ")]
+    assert len(err) == 1 and err[0].endswith(shown), err

@@ -89,3 +89,31 @@ def test_engines_step_in_the_order_of_their_clocks():
     assert not any(e.has_unfinished() for e in engines)
     assert order.count(0) == engines[0].scheduler.ctx.step and order.count(1) == engines[1].scheduler.ctx.step
     assert order.count(1) > order.count(0)  # the longer request took more steps
+
+
+def test_with_gc_every_the_collector_is_off_and_runs_every_that_many_steps(monkeypatch):
+    engine = Engine(EngineConfig(policy="fcfs"))
+    engine.add_request(Request(request_id="0", prompt_token_ids=list(range(8)),
+                               sampling=SamplingParams(max_new_tokens=10)))
+    collected = []  # (steps so far, whether automatic collection was on) at each collection
+    steps = [0]
+    monkeypatch.setattr(gc, "collect", lambda *generation: collected.append((steps[0], gc.isenabled())))
+    for _ in drive([Driver(engine)], gc_every=3):
+        steps[0] += 1
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    assert steps[0] == engine.scheduler.ctx.step == 10  # one prefill step with the first token, 9 decodes
+    # a collection after steps 3, 6 and 9 (before the step is yielded), automatic passes off
+    assert collected == [(2, False), (5, False), (8, False)]
+
+
+def test_a_collector_that_was_off_before_the_loop_stays_off_after_it():
+    engine = Engine(EngineConfig(policy="fcfs"))
+    engine.add_request(Request(request_id="0", prompt_token_ids=list(range(8)),
+                               sampling=SamplingParams(max_new_tokens=2)))
+    gc.disable()
+    try:
+        assert len(list(drive([Driver(engine)], gc_every=3))) == 2
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -590,6 +590,7 @@ def test_debug_logs_one_structlog_event_per_lifecycle_transition():
     assert events.count(("request.preempted", "r1")) >= 1
     assert events.count(("request.admitted", "r1")) == 1 + events.count(("request.preempted", "r1"))
     assert all(e["reason"] == "length" for e in logs if e["event"] == "request.finished")
+    assert not any("error" in e for e in logs if e["event"] == "request.finished")  # only a failed one has it
 
 
 def test_no_logging_without_debug():

@@ -676,6 +676,28 @@ def test_check_invariants_detects_an_index_entry_for_an_unindexed_block():
         pool.check_invariants([table])
 
 
+def test_check_invariants_detects_a_duplicate_list_that_is_empty_or_has_no_indexed_block():
+    def with_duplicates():
+        pool = BlockPool(8, BS)
+        t1, _, _ = admit(pool, A[:8])
+        t2 = []
+        assert pool.allocate_slots(t2, 0, 8, [])
+        pool.cache_full_blocks(t2, A[:8], 0, 2)  # blocks 2 and 3 duplicate 0 and 1
+        pool.check_invariants([t1, t2])
+        return pool, [t1, t2]
+
+    pool, tables = with_duplicates()
+    h = next(iter(pool._dups))
+    pool._dups[h] = []  # the hash keeps an entry with no duplicate in it
+    with pytest.raises(AssertionError, match=f"duplicates of hash {h} without its indexed block"):
+        pool.check_invariants(tables)
+    pool, tables = with_duplicates()
+    h = next(iter(pool._dups))
+    pool._dups[h + 1] = pool._dups.pop(h)  # duplicates filed under a hash the index lacks
+    with pytest.raises(AssertionError, match=f"duplicates of hash {h + 1} without its indexed block"):
+        pool.check_invariants(tables)
+
+
 def test_cached_blocks_counts_the_indexed_prefix_and_nothing_without_prefix_caching():
     chain = block_chain(A + [5], BS, len(A))
     pool = BlockPool(8, BS)

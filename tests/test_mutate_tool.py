@@ -98,7 +98,7 @@ def test_a_mutant_runs_in_a_private_copy_and_the_original_is_put_back(mutate, tm
     ws = mutate.Workspace(root)
     try:
         assert ws.pytest(["tests/test_lib.py"], timeout=600)[0] == "passed"
-        timeouts = {("tests/test_lib.py",): 600}  # generous: a loaded machine must not turn a kill into a timeout
+        timeouts = {(sys.executable, "tests/test_lib.py"): 600}  # generous: a loaded machine must not turn a kill into a timeout
         killed = mutants[("min-max", "return max(x, 9)")]
         assert mutate.run_mutant(ws, killed, ["tests/test_lib.py"], [], timeouts) == (
             "killed", "own")
@@ -112,3 +112,48 @@ def test_a_mutant_runs_in_a_private_copy_and_the_original_is_put_back(mutate, tm
     finally:
         ws.close()
     assert not ws.dir.exists()
+
+
+def test_an_entry_runs_its_tests_with_the_python_it_names(mutate, tmp_path, monkeypatch):
+    # the vLLM bridge's tests need a Python that has vLLM: an entry's `python` names it, `$NAME`
+    # read from the environment; the tests run with it, and a missing one is refused by name
+    config = tmp_path / "mutation.toml"
+    config.write_text(
+        '[[group.g.modules]]\npaths = ["lib.py"]\ntests = ["tests/test_lib.py"]\n'
+        'python = "$MUTATE_TEST_PYTHON"\n'
+        '[[group.h.modules]]\npaths = ["other.py"]\ntests = ["tests/test_other.py"]\n')
+    loaded = mutate.load_config(config)
+    assert loaded.python == {"lib.py": "$MUTATE_TEST_PYTHON", "other.py": ""}
+    assert mutate.interpreter("") == sys.executable
+    monkeypatch.delenv("MUTATE_TEST_PYTHON", raising=False)
+    with pytest.raises(ValueError, match=r"\$MUTATE_TEST_PYTHON is not set"):
+        mutate.interpreter(loaded.python["lib.py"])
+    monkeypatch.setenv("MUTATE_TEST_PYTHON", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="is not an executable"):
+        mutate.interpreter(loaded.python["lib.py"])
+
+    # a wrapper that marks its runs: the test file passes only under it
+    wrapper = tmp_path / "marked-python"
+    wrapper.write_text(f'#!/bin/sh\nMUTATE_MARK=wrapped exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("MUTATE_TEST_PYTHON", str(wrapper))
+    python = mutate.interpreter(loaded.python["lib.py"])
+    assert python == str(wrapper)
+    root = tmp_path / "tree"
+    (root / "tests").mkdir(parents=True)
+    (root / "lib.py").write_text(SOURCE)
+    (root / "tests" / "test_lib.py").write_text(
+        "import os\nfrom metroline.lib import clamp\n\n"
+        "def test_clamp_under_the_wrapper():\n"
+        "    assert os.environ.get('MUTATE_MARK') == 'wrapped'\n"
+        "    assert clamp(50) == 9\n")
+    ws = mutate.Workspace(root)
+    try:
+        assert ws.pytest(["tests/test_lib.py"], timeout=600)[0] == "failed"
+        assert ws.pytest(["tests/test_lib.py"], timeout=600, python=python)[0] == "passed"
+        killed = next(m for m in mutate.generate("lib.py", SOURCE) if m.after == "return max(x, 9)")
+        timeouts = {(python, "tests/test_lib.py"): 600}
+        assert mutate.run_mutant(ws, killed, ["tests/test_lib.py"], [], timeouts, python) == (
+            "killed", "own")
+    finally:
+        ws.close()

@@ -126,6 +126,21 @@ def test_finding_4_the_core_serves_the_oldest_request_when_the_plugins_schedule_
     assert steps == 7 and engine.scheduler.rescues == 3
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_rescue_is_logged_in_debug_mode_only(debug):
+    from structlog.testing import capture_logs
+
+    engine = Engine(EngineConfig(block_size=4, num_blocks=16, max_num_batched_tokens=8, debug=debug),
+                    plugins=[AllToDecode()])
+    engine.add_request(request("old", 10, max_new=3))
+    with capture_logs() as logs:
+        run_bounded(engine, 100)
+    rescues = [e for e in logs if e["event"] == "scheduler.rescue"]
+    assert engine.scheduler.rescues == 2  # the prompt's two chunks; its decodes take the decode share
+    assert len(rescues) == (2 if debug else 0)
+    assert all(e["request_id"] == engine.sequences("old")[0].seq_id for e in rescues)
+
+
 def test_the_rescue_does_not_override_a_plugin_that_holds_requests_back():
     class Nobody:
         name = "nobody"

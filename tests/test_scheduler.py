@@ -116,6 +116,14 @@ def test_prefills_and_decodes_share_a_step_under_the_budget():
     assert [(p.num_prefill_tokens, p.num_decode_tokens) for p in plans(engine)] == [
         (16, 0), (15, 1), (15, 1), (14, 2), (8, 2), (0, 3), (5, 2), (0, 3), (0, 1), (0, 1),
     ]
+    # the KV tokens each step's attention reads: each scheduled request's tokens computed before
+    # the step plus the step's own (A decodes from 8 up, B and C prefill 30, D 5)
+    computed, context = {}, []
+    for p in plans(engine):
+        context.append(sum(computed.get(rid, 0) + n for rid, n in p.scheduled.items()))
+        for rid, n in p.scheduled.items():
+            computed[rid] = computed.get(rid, 0) + n
+    assert [p.num_context_tokens for p in plans(engine)] == context == [16, 32, 48, 64, 74, 77, 51, 54, 16, 17]
     for rid, out in (("A", 10), ("B", 4), ("C", 4), ("D", 2)):
         seq = engine.sequences(rid)[0]
         assert seq.finish_reason is FinishReason.LENGTH and seq.num_output_tokens == out
@@ -351,6 +359,20 @@ def test_static_batching_admits_a_new_batch_only_when_nothing_runs():
     assert admitted == [(1, ["A", "B"]), (7, ["C", "D"])]
     ps = plans(engine)
     assert [len(p.scheduled) for p in ps] == [2, 2, 1, 1, 1, 1, 2, 2]
+    assert_pool_drained(engine)
+
+
+def test_static_batching_admits_its_members_in_arrival_order_behind_one_that_does_not_fit():
+    # one batch of three on 6 blocks of 4: A takes 3, B's 16 tokens need 4 and wait; C's 4 tokens
+    # would fit beside A, but a member is not admitted ahead of an earlier one
+    engine = make_engine(policy="static", max_num_seqs=3, num_blocks=6)
+    for rid, prompt in (("A", 12), ("B", 16), ("C", 4)):
+        engine.add_request(request(rid, prompt, max_new=2))
+    run_to_end(engine)
+    admitted = [(p.step, p.admitted) for p in plans(engine) if p.admitted]
+    # B and C once A ended; C, preempted when both needed a block for their decode (step 4), back after B
+    assert admitted == [(1, ["A"]), (3, ["B", "C"]), (5, ["C"])]
+    assert [p.preempted for p in plans(engine)][3] == [("C", "WAITING")]
     assert_pool_drained(engine)
 
 

@@ -217,3 +217,22 @@ def test_differences_of_float_rounding_make_no_verdict():
     b = [0.009999999999999998, 0.009999999999999997, 0.009999999999999998]
     d = paired_difference(a, b, "lower")
     assert d.verdict == NO_DIFFERENCE and d.difference.low == d.difference.high == 0.0
+
+
+def test_the_bootstrap_draws_do_not_depend_on_how_they_are_chunked(monkeypatch):
+    # the resamples are drawn in chunks of _CHUNK_CELLS values to bound memory; numpy's generator
+    # gives the same index stream however the draws are split into calls, so the chunk size is
+    # memory only (bench/mutation.toml lists its mutants as equivalent on this ground)
+    from metroline.core.results import stats
+
+    x = np.linspace(0.0, 1.0, 41) ** 3
+    b = x + np.sin(np.arange(41.0))
+    whole = bootstrap_ci(x, "mean", resamples=997)
+    whole_p90 = bootstrap_ci(x, 90, resamples=997)
+    whole_rel = paired_difference(x + 1.0, b + 1.0, "lower", resamples=997).relative
+    assert whole_rel is not None
+    for cells in (1, 41, 41 * 7 + 3, 41 * 500):
+        monkeypatch.setattr(stats, "_CHUNK_CELLS", cells)
+        assert bootstrap_ci(x, "mean", resamples=997) == whole
+        assert bootstrap_ci(x, 90, resamples=997) == whole_p90
+        assert paired_difference(x + 1.0, b + 1.0, "lower", resamples=997).relative == whole_rel

@@ -74,6 +74,17 @@ def test_the_version_range():
             check_vllm_version(bad)
 
 
+def test_a_version_reads_as_major_and_the_digits_of_its_minor():
+    from metroline.integrations.vllm.versions import parse_version
+
+    assert parse_version("0.33.1rc1") == (0, 33)
+    assert parse_version("0.32.0+cpu") == (0, 32)
+    assert parse_version("1.dev") == (1, 0)  # a minor with no digit reads as 0
+    for bad in ("", "cpu", "x.32"):
+        with pytest.raises(RuntimeError, match=f"cannot read vLLM's version {bad!r}"):
+            parse_version(bad)
+
+
 def test_every_hook_has_a_level_and_those_vllm_cannot_honour_are_refused_by_name():
     from metroline.core.plugins.loader import HOOK_NAMES
 
