@@ -7,6 +7,8 @@ vLLM's scheduler (`bench/vllm_reference.py`: a fake model runner, a step clock),
 - `stacks`: metroline's own simulator under `--preset vllm`, with a shipped stack (srpt,
   weighted_fair, token_rr, priority with aging, tenant_quota, stacked plugins): every request's
   first-scheduled, first-token and finish times bit-equal, and equal preemption and step counts.
+  A case that differs only from a step vLLM 0.32 cut short at a self-victim (see `SELF_VICTIM`;
+  vLLM 0.33 and the simulator go on there) is counted apart, and `-v` names it `self-victim`.
 
 Cases: the referee matrix's cells (`bench/vllm_matrix.py`, needs the traces) and random
 configurations (`--fuzz N`: budgets 16-2048, 1-64 sequences, tight to roomy pools, fcfs and
