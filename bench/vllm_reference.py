@@ -88,7 +88,8 @@ def build_scheduler(args: argparse.Namespace, model_dir: Path, scheduler_cls=Non
                             max_model_len=args.max_model_len, is_encoder_decoder=False,
                             enable_chunked_prefill=not getattr(args, "no_chunked_prefill", False),
                             policy=args.policy, long_prefill_token_threshold=args.max_prefill_chunk or 0,
-                            long_prefill_token_threshold_adaptive=args.max_prefill_chunk_adaptive)
+                            long_prefill_token_threshold_adaptive=args.max_prefill_chunk_adaptive,
+                            async_scheduling=False)  # the synchronous Scheduler is what this harness drives
     cache = CacheConfig(block_size=args.block_size, enable_prefix_caching=not args.no_prefix_sharing)
     cache.num_gpu_blocks = args.num_blocks + 1  # + vLLM's null block
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,

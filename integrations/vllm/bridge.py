@@ -82,6 +82,9 @@ class Bridge:
         self._spare_plan: StepPlan | None = None
         self.admissions = 0
         self.arrivals = 0
+        self.self_victim_cuts: list[float] = []
+        """The clock (`ctx.now`) of each step whose running phase vLLM ended early at a request the
+        plugins named as its own victim (`self_victim_cut`)."""
         self._noted: set[str] = set()
 
     def note_approximation(self, hook: str, what: str) -> None:
@@ -298,6 +301,17 @@ class Bridge:
         if answer not in self.running:
             raise self.plugins.invalid("select_victim", f"the victim {answer!r} is not running")
         return self.request_of[answer]
+
+    def self_victim_cut(self) -> None:
+        """The plugins named a running request as its own victim with running requests after it
+        in the step's order, in a vLLM whose step stops there (0.32): those requests get no tokens
+        in this step, where vLLM 0.33 and metroline's simulator serve them. Logged once, recorded
+        in `self_victim_cuts`."""
+        self.self_victim_cuts.append(self.ctx.now)
+        self.note_approximation(
+            "select_victim", "a running request named as its own victim ends this vLLM's running phase for "
+            "the step: the running requests after it wait a step (vLLM >= 0.33 and metroline's simulator "
+            "serve them)")
 
     def preempted(self, request: Any) -> None:
         """vLLM preempted `request` (recompute): its sequence goes back to waiting."""

@@ -16,7 +16,9 @@ vLLM's code:
   branch that may take any running request and gives back the budget of one scheduled earlier in
   the step), and the request `select_victim` names is the one that branch picks: when vLLM's block
   allocation fails for a running request, the bridge marks the victim as the least urgent until
-  `_preempt_request` takes it;
+  `_preempt_request` takes it. A running request named as its own victim ends vLLM 0.32's
+  running phase for the step (the requests after it in the step's order wait a step); vLLM 0.33
+  and metroline's simulator serve them (`Bridge.self_victim_cut` logs it and records the step);
 - the step's token budget and chunk cap are `split_budget`'s for the step.
 
 `check_request` is asked in `add_request`; the observers hear of vLLM's events.
@@ -42,7 +44,7 @@ from metroline.core.errors import PluginError
 from .bridge import Bridge
 from .kv_view import VllmKVView
 from .settings import settings_from_additional_config
-from .versions import check_vllm_version
+from .versions import FIRST_TO_GO_ON_AFTER_SELF_VICTIM, check_vllm_version, parse_version
 from .waiting_queue import AdmissionQueue
 
 _LEAST_URGENT = math.inf
@@ -55,7 +57,7 @@ class _MetrolineSchedulerMixin:
     _async = False
 
     def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
-        check_vllm_version()
+        version = check_vllm_version()
         asynchronous = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
         if asynchronous != self._async:
             want = "MetrolineAsyncScheduler" if asynchronous else "MetrolineScheduler"
@@ -74,12 +76,16 @@ class _MetrolineSchedulerMixin:
         self.waiting.can_admit = lambda: len(self.running) + self.num_waiting_for_streaming_input < self.max_num_active_reqs
         self._victim: Any = None
         self._victim_priority = 0
+        stops_at_self_victim = parse_version(version) < FIRST_TO_GO_ON_AFTER_SELF_VICTIM
         allocate = self.kv_cache_manager.allocate_slots
 
         def allocate_slots(request: Any, *a: Any, **kw: Any) -> Any:
             blocks = allocate(request, *a, **kw)
             if blocks is None and request.status == RequestStatus.RUNNING:
-                self._mark_victim(self.metroline.victim(request))
+                victim = self.metroline.victim(request)
+                if victim is request and stops_at_self_victim and self.running[-1] is not request:
+                    self.metroline.self_victim_cut()
+                self._mark_victim(victim)
             return blocks
 
         self.kv_cache_manager.allocate_slots = allocate_slots

@@ -7,6 +7,11 @@ SUPPORTED_VLLM = ((0, 32), (0, 34))
 `RequestQueue` interface, the running list, the victim choice of the priority policy,
 `_preempt_request`) are those of 0.32 and 0.33."""
 
+FIRST_TO_GO_ON_AFTER_SELF_VICTIM = (0, 33)
+"""The first vLLM version whose step, under the priority policy's victim choice (the bridge's), goes
+on with the running requests after one preempted as its own victim (0.32's stops its running phase
+there, for the step)."""
+
 
 def parse_version(text: str) -> tuple[int, int]:
     """(major, minor) of a version string such as `0.32.0`, `0.33.1rc1` or `0.32.0+cpu`."""
