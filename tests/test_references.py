@@ -177,7 +177,7 @@ def module_resolves(root: Path, dotted: str) -> bool:
     module_file = root / "__init__.py"
     i = 0
     while i < len(parts):
-        if (folder / parts[i]).is_dir() and (folder / parts[i] / "__init__.py").is_file():
+        if (folder / parts[i]).is_dir():  # a package, or a namespace package (no __init__.py, as tests/)
             folder = folder / parts[i]
             module_file = folder / "__init__.py"
         elif (folder / f"{parts[i]}.py").is_file():
@@ -190,6 +190,8 @@ def module_resolves(root: Path, dotted: str) -> bool:
     rest = parts[i:]
     if not rest:
         return True
+    if not module_file.is_file():  # a namespace package defines no names
+        return False
     names = _top_level_names(module_file)
     if "__getattr__" in names:  # a module that answers names of its own (a moved module's)
         return True
@@ -349,3 +351,16 @@ def test_a_planted_dangling_path_in_a_doc_is_found(tmp_path):
     doc.write_text("The config is `core/config.py`; the recovery was `core/recovery.py`.\n")
     found = find_dangling(tmp_path, [doc, tmp_path / "core" / "config.py"])
     assert [(d.file, d.line, d.target) for d in found] == [("docs/guide.md", 1, "core/recovery.py")]
+
+
+def test_a_module_in_a_namespace_package_resolves_and_a_missing_one_does_not(tmp_path):
+    """`tests/` and its folders have no `__init__.py` (namespace packages, as Python imports them):
+    a module in one resolves; a module or a name missing there does not."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "tests" / "integration").mkdir(parents=True)
+    (tmp_path / "tests" / "integration" / "helpers.py").write_text("class Faulty: pass\n")
+    assert module_resolves(tmp_path, "metroline.tests.integration.helpers")
+    assert module_resolves(tmp_path, "metroline.tests.integration.helpers.Faulty")
+    assert not module_resolves(tmp_path, "metroline.tests.integration.no_such_module")
+    assert not module_resolves(tmp_path, "metroline.tests.integration.helpers.NoSuchName")
+    assert not module_resolves(tmp_path, "metroline.tests.integration.NoSuchName")
