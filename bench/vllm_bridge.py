@@ -270,29 +270,22 @@ def timed_replays(cls, bridged: bool, cases, model_dir: Path, empty: float = 0.0
     clock = time.thread_time
     orig_s, orig_u, orig_a = cls.schedule, cls.update_from_output, cls.add_request
 
-    def timed_schedule(self, *a, **k):
-        t = clock()
-        out = orig_s(self, *a, **k)
-        spent["step"] += clock() - t
-        spent["step_regions"] += 1
-        spent["request_steps"] += len(out.num_scheduled_tokens)
-        return out
+    def timed(method, region: str, count_requests: bool = False):
+        """`method` with its calls' CPU time added to `spent[region]`, counted in
+        `spent[region + "_regions"]` (and, for `schedule`, the request-steps it scheduled)."""
+        def call(self, *a, **k):
+            t = clock()
+            out = method(self, *a, **k)
+            spent[region] += clock() - t
+            spent[region + "_regions"] += 1
+            if count_requests:
+                spent["request_steps"] += len(out.num_scheduled_tokens)
+            return out
+        return call
 
-    def timed_update(self, *a, **k):
-        t = clock()
-        out = orig_u(self, *a, **k)
-        spent["step"] += clock() - t
-        spent["step_regions"] += 1
-        return out
-
-    def timed_add(self, *a, **k):
-        t = clock()
-        out = orig_a(self, *a, **k)
-        spent["add"] += clock() - t
-        spent["add_regions"] += 1
-        return out
-
-    cls.schedule, cls.update_from_output, cls.add_request = timed_schedule, timed_update, timed_add
+    cls.schedule = timed(orig_s, "step", count_requests=True)
+    cls.update_from_output = timed(orig_u, "step")
+    cls.add_request = timed(orig_a, "add")
     try:
         gc.collect()
         for _, engine, workload in cases:
