@@ -86,11 +86,17 @@ def test_identical_lines_get_their_occurrence(mutate):
         (1, "a = 0", 0), (1, "a = 2", 0), (3, "a = 0", 1), (3, "a = 2", 1)]
 
 
-def test_a_mutant_runs_in_a_private_copy_and_the_original_is_put_back(mutate, tmp_path):
+def source_tree(tmp_path, test_source: str):
+    """A tree with `lib.py` (`SOURCE`) and `tests/test_lib.py` (`test_source`) for a Workspace."""
     root = tmp_path / "tree"
     (root / "tests").mkdir(parents=True)
     (root / "lib.py").write_text(SOURCE)
-    (root / "tests" / "test_lib.py").write_text(
+    (root / "tests" / "test_lib.py").write_text(test_source)
+    return root
+
+
+def test_a_mutant_runs_in_a_private_copy_and_the_original_is_put_back(mutate, tmp_path):
+    root = source_tree(tmp_path,
         "from metroline.lib import clamp\n\n"
         "def test_clamp():\n"
         "    assert clamp(50) == 9\n")
@@ -139,10 +145,7 @@ def test_an_entry_runs_its_tests_with_the_python_it_names(mutate, tmp_path, monk
     monkeypatch.setenv("MUTATE_TEST_PYTHON", str(wrapper))
     python = mutate.interpreter(loaded.python["lib.py"])
     assert python == str(wrapper)
-    root = tmp_path / "tree"
-    (root / "tests").mkdir(parents=True)
-    (root / "lib.py").write_text(SOURCE)
-    (root / "tests" / "test_lib.py").write_text(
+    root = source_tree(tmp_path,
         "import os\nfrom metroline.lib import clamp\n\n"
         "def test_clamp_under_the_wrapper():\n"
         "    assert os.environ.get('MUTATE_MARK') == 'wrapped'\n"
