@@ -234,3 +234,40 @@ def test_past_capacity_an_a_a_split_holds_its_level_and_half_the_slots_is_called
     worse = sum(c["verdict"] == WORSE for c in halved)
     print(f"half the slots: worse in {worse} of {draws}")
     assert worse == draws
+
+
+def test_the_window_bootstrap_interval_uses_students_t_with_k_minus_one_degrees_of_freedom():
+    """With the resamples fixed (one seed), the half-width of the interval is t(level, K - 1) x se,
+    so the half-widths at two levels stand in the ratio of those t quantiles. For K = 5 windows, from
+    a printed table of Student's t (4 degrees of freedom): t(0.975) = 2.7764, t(0.90) = 1.5332, a
+    ratio of 1.8109 (with 6 degrees of freedom it would be 2.4469 / 1.4398 = 1.6995)."""
+    import random
+
+    from metroline.core.results.canary import ArmSamples, compare_arms
+
+    rng = random.Random(3)
+    rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(400)]
+    other = [(a, rng.uniform(0.01, 0.5), p, e) for a, _, p, e in rows]
+    wide, narrow = (compare_arms(ArmSamples(rows), ArmSamples(other), split=False, windows=5, level=level)
+                    for level in (0.95, 0.80))
+    assert wide["windows"] == narrow["windows"] == 5
+    d95, d80 = wide["metrics"]["ttft_mean"]["difference"], narrow["metrics"]["ttft_mean"]["difference"]
+    assert d95["estimate"] == d80["estimate"]
+    ratio = (d95["high"] - d95["estimate"]) / (d80["high"] - d80["estimate"])
+    assert ratio == pytest.approx(2.7764 / 1.5332, rel=1e-3)
+
+
+def test_the_window_bootstrap_gives_a_finite_interval_from_two_windows_on():
+    """The fewest windows the comparison takes (2) still give a finite, non-empty interval (the
+    bootstrap's spread scaled by K / (K - 1), defined from K = 2 on)."""
+    import math
+    import random
+
+    from metroline.core.results.canary import ArmSamples, compare_arms
+
+    rng = random.Random(4)
+    rows = [(i * 0.1, rng.uniform(0.01, 0.5), rng.uniform(0.005, 0.05), rng.uniform(1, 3)) for i in range(200)]
+    other = [(a, rng.uniform(0.01, 0.5), p, e) for a, _, p, e in rows]
+    c = compare_arms(ArmSamples(rows), ArmSamples(other), split=False, windows=2)
+    d = c["metrics"]["ttft_mean"]["difference"]
+    assert c["windows"] == 2 and math.isfinite(d["low"]) and math.isfinite(d["high"]) and d["low"] < d["high"]
