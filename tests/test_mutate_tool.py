@@ -87,7 +87,7 @@ def test_identical_lines_get_their_occurrence(mutate):
 
 
 def source_tree(tmp_path, test_source: str):
-    """A tree with `lib.py` (`SOURCE`) and `tests/test_lib.py` (`test_source`) for a Workspace."""
+    """A tree with `lib.py` (`SOURCE`) and a test module of `test_source` under its tests folder."""
     root = tmp_path / "tree"
     (root / "tests").mkdir(parents=True)
     (root / "lib.py").write_text(SOURCE)
